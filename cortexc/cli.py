@@ -1,0 +1,194 @@
+"""The `cortexc` command line: check and run `.cell` files.
+
+Every user error (a bad `.cell` file, a bad forest, bad `-D`) is printed as a
+located message on stderr with exit status 1 and no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from cortexc.errors import CortexcError, DimError
+from cortexc.ir.cell import Cell
+from cortexc.ir.ops import fmt_shape
+from cortexc.pipeline import compile_file
+
+
+def parse_defines(items: list[str]) -> dict[str, int]:
+    """`-D NAME=VALUE` pairs as a dict (values must be positive integers)."""
+    defines: dict[str, int] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier() or not value.strip().isdigit() or int(value) < 1:
+            raise DimError(f"-D {item}: expected NAME=VALUE with a positive integer VALUE")
+        defines[name] = int(value)
+    return defines
+
+
+def summarize(cell: Cell) -> str:
+    """A human summary of a checked cell: structure, dims, params with counts, inputs, states, outputs."""
+    arity = f"(arity = {cell.arity})" if cell.arity is not None else ""
+    lines = [f"cell {cell.name} on {cell.structure.value}{arity}"]
+    lines.append("  dims     " + ", ".join(f"{n} = {v}" for n, v in cell.dims) if cell.dims else "  dims     -")
+    inputs = [f"{i.name} : index[{i.index_range}]" if i.is_index else f"{i.name}{fmt_shape(i.shape)} float32"
+              for i in cell.inputs]
+    lines.append("  inputs   " + (", ".join(inputs) or "-"))
+    total = 0
+    width = max((len(p.name) + len(fmt_shape(p.shape)) for p in cell.params), default=0)
+    for number, param in enumerate(cell.params):
+        count = int(np.prod(param.shape))
+        total += count
+        head = "  params   " if number == 0 else "           "
+        label = f"{param.name}{fmt_shape(param.shape)}"
+        lines.append(f"{head}{label:<{width}}  {count:>12,}  init {param.init}")
+    if cell.params:
+        lines.append(f"           {'total':<{width}}  {total:>12,}")
+    lines.append("  states   " + ", ".join(f"{s.name}{fmt_shape(s.shape)}" for s in cell.states))
+    blocks = "leaf, node" if cell.leaf is not None else "node (leaves run it with no children)"
+    lines.append(f"  blocks   {blocks}")
+    outputs = [f"{o.name}{fmt_shape(o.shape)}{' at root' if o.at_root else ''}" for o in cell.outputs]
+    lines.append("  outputs  " + (", ".join(outputs) or "-"))
+    return "\n".join(lines)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    cells = compile_file(args.file, parse_defines(args.define), args.dump_ir)
+    print(f"{args.file}: {len(cells)} cell{'s' if len(cells) != 1 else ''}, ok")
+    for cell in cells:
+        print(summarize(cell))
+    return 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from cortexc.codegen.module import write_package
+
+    source = Path(args.file).read_text(encoding="utf-8")
+    targets = ("c", "cuda") if args.target == "all" else ({"cpu": "c"}.get(args.target, args.target),)
+    package = write_package(source, args.file, args.out, parse_defines(args.define), targets, args.dump_ir)
+    files = ", ".join(sorted(p.name for p in package.iterdir()))
+    print(f"wrote {package}/ ({files})")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Compile a cell, run it compiled and with the reference interpreter on the same forest, compare."""
+    from cortexc.runtime.forest import Forest
+    from cortexc.runtime.loader import load_cell_file
+
+    defines = parse_defines(args.define)
+    module = load_cell_file(args.file, None, defines)
+    cells = [getattr(module, name).cell for name in module.__all__]
+    cell = _pick_cell(cells, args.cell)
+    started = time.perf_counter()
+    if args.trees:
+        with open(args.trees, encoding="utf-8") as lines:
+            forest = Forest.from_ptb(itertools.islice(lines, args.limit or None))
+        where = args.trees
+    else:
+        forest = Forest.random(args.limit or 100, rng=0, binary=cell.arity == 2, max_children=cell.arity or 3)
+        where = "built-in random forest"
+    forest_s = time.perf_counter() - started
+    inputs = _demo_inputs(cell, forest, np.random.default_rng(args.seed))
+    compiled = getattr(module, cell.name)(device="cpu", seed=args.seed)
+    eager = getattr(module, cell.name)(device="interp", seed=args.seed)
+    compiled(forest, **inputs)  # builds (or loads from the cache) the kernels
+    compiled_s = min(_timed(compiled, forest, inputs) for _ in range(args.repeats))
+    eager_s = _timed(eager, forest, inputs)
+    out, ref = compiled(forest, **inputs), eager(forest, **inputs)
+    print(f"{cell.name} on {where}: {forest.num_trees} trees, {forest.num_nodes} nodes, "
+          f"{forest.num_levels} levels (forest built in {forest_s * 1e3:.1f} ms)")
+    print(f"  compiled (cpu): {compiled_s * 1e3:9.2f} ms  {forest.num_trees / compiled_s:12,.0f} trees/s")
+    print(f"  eager (interp): {eager_s * 1e3:9.2f} ms  {forest.num_trees / eager_s:12,.0f} trees/s")
+    print(f"  compiled / eager speed-up: {eager_s / compiled_s:.1f}x")
+    for name, value in ref.items():
+        scale = float(np.abs(value).max()) or 1.0
+        error = float(np.abs(out[name] - value).max()) / scale
+        print(f"  {name}{list(value.shape)}: max |compiled - eager| / max |eager| = {error:.2e}")
+    return 0
+
+
+def _timed(model, forest, inputs) -> float:
+    started = time.perf_counter()
+    model(forest, **inputs)
+    return time.perf_counter() - started
+
+
+def _demo_inputs(cell: Cell, forest, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Inputs for a demo run: random features, and word ids from the trees' words when there are any."""
+    from cortexc.runtime.vocab import Vocab
+
+    inputs = {}
+    for decl in cell.inputs:
+        if decl.is_index:
+            if forest.words is not None:
+                ids = Vocab.build([forest]).encode(forest)
+                ids = np.where(ids < decl.index_range, ids, 1)
+            else:
+                ids = rng.integers(0, decl.index_range, forest.num_nodes)
+            inputs[decl.name] = ids.astype(np.int32)
+        else:
+            inputs[decl.name] = rng.standard_normal((forest.num_nodes, *decl.shape)).astype(np.float32)
+    return inputs
+
+
+def _pick_cell(cells: list[Cell], name: str | None) -> Cell:
+    if name is None:
+        return cells[0]
+    for cell in cells:
+        if cell.name == name:
+            return cell
+    raise CortexcError(f"no cell named {name!r} (the file has {', '.join(c.name for c in cells)})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cortexc", description="Compiler for recursive neural networks.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("file", help="a .cell file")
+        p.add_argument("-D", dest="define", action="append", default=[], metavar="NAME=VALUE",
+                       help="override a dim in every cell that declares it")
+
+    check = sub.add_parser("check", help="parse and check a .cell file, print a summary of its cells")
+    common(check)
+    check.add_argument("--dump-ir", metavar="DIR", help="write the IR of every stage to DIR")
+    check.set_defaults(func=cmd_check)
+
+    comp = sub.add_parser("compile", help="compile a .cell file into a Python package of kernels")
+    common(comp)
+    comp.add_argument("-o", "--out", default="build", metavar="DIR", help="where the package goes (default build/)")
+    comp.add_argument("--target", choices=["cpu", "cuda", "all"], default="cpu")
+    comp.add_argument("--dump-ir", metavar="DIR", help="write the IR of every stage to DIR")
+    comp.set_defaults(func=cmd_compile)
+
+    run = sub.add_parser("run", help="run a cell compiled and eager over PTB trees (or a built-in forest)")
+    common(run)
+    run.add_argument("--trees", metavar="PATH", help="PTB bracketed trees, one per line")
+    run.add_argument("--cell", help="which cell of the file (default: the first)")
+    run.add_argument("--limit", type=int, default=0, help="use only the first N trees")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--repeats", type=int, default=5, help="compiled runs to time (the best is shown)")
+    run.set_defaults(func=cmd_run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CortexcError as err:
+        print(str(err), file=sys.stderr)
+        return 1
+    except OSError as err:
+        print(f"error: {err.strerror or err}: {err.filename or ''}".rstrip(": "), file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""Expressions: every op's C text from one table, and where each value is read from.
+
+`KernelExprs.ref(value, rows, row, col)` is the C expression of element
+`col` of a value for row `row` of a loop over `rows` (node rows ``r`` or
+child-edge rows ``e``); it follows the value's `Place`: a param, input,
+state, hoisted row or embedding row is read where it lives, a materialised
+value from its tile buffer, and an inline value is expanded from its
+operands. The same text serves C and CUDA.
+"""
+
+from __future__ import annotations
+
+import math
+
+from cortexc.ir.cell import Cell, Value
+from cortexc.ir.ops import Op
+from cortexc.ir.program import Kernel, PlaceKind, RowKind
+from cortexc.passes.schedule import row_kind, width
+
+#: the C expression of each elementwise op over its operands' expressions
+OP_EXPR = {
+    Op.ADD: "({0} + {1})",
+    Op.SUB: "({0} - {1})",
+    Op.MUL: "({0} * {1})",
+    Op.DIV: "({0} / {1})",
+    Op.NEG: "(-{0})",
+    Op.SIGMOID: "cx_sigmoid({0})",
+    Op.TANH: "tanhf({0})",
+    Op.RELU: "fmaxf({0}, 0.0f)",
+    Op.EXP: "expf({0})",
+    Op.LOG: "logf({0})",
+    Op.ABS: "fabsf({0})",
+    Op.SOFTPLUS: "cx_softplus({0})",
+}
+
+
+def float_literal(value: float) -> str:
+    if math.isnan(value):
+        return "NAN"
+    if math.isinf(value):
+        return "INFINITY" if value > 0 else "(-INFINITY)"
+    return f"{float(value)!r}f"
+
+
+def param_symbol(name: str) -> str:
+    return f"P_{name}"
+
+
+def input_symbol(name: str) -> str:
+    return f"I_{name}"
+
+
+def state_symbol(name: str) -> str:
+    return f"S_{name}"
+
+
+def hoisted_symbol(name: str) -> str:
+    return f"H_{name}"
+
+
+def output_symbol(name: str) -> str:
+    return f"O_{name}"
+
+
+class KernelExprs:
+    """Renders reads and computations of the values of one kernel's body."""
+
+    def __init__(self, cell: Cell, kernel: Kernel):
+        self.cell = cell
+        self.kernel = kernel
+        self.values = kernel.body.values
+        self.buffer_width = {b.name: b.width for b in kernel.buffers}
+
+    def ref(self, index: int, rows: RowKind, row: str, col: str) -> str:
+        """Element `col` of value `index` for row `row` of a loop over `rows`."""
+        value = self.values[index]
+        if row_kind(value) == RowKind.NODE and rows == RowKind.CHILD:
+            rows, row = RowKind.NODE, f"er[{row}]"  # a node value seen from one of its child edges
+        if not value.shape:
+            col = "0"
+        place = self.kernel.places[index]
+        if place.kind == PlaceKind.BUFFER:
+            offset = f"{place.column} + {col}" if place.column else col
+            return f"{place.buffer}[({row}) * {self.buffer_width[place.buffer]} + {offset}]"
+        if place.kind == PlaceKind.SOURCE:
+            return self._source(value, rows, row, col)
+        return self.compute(index, rows, row, col)
+
+    def address(self, index: int, rows: RowKind, row: str) -> str:
+        """A pointer to the row's first element (GEMM and small-matmul operands)."""
+        return f"&{self.ref(index, rows, row, '0')}"
+
+    def compute(self, index: int, rows: RowKind, row: str, col: str) -> str:
+        """The value's own expression (how a materialising loop computes it)."""
+        value = self.values[index]
+        if row_kind(value) == RowKind.NODE and rows == RowKind.CHILD:
+            rows, row = RowKind.NODE, f"er[{row}]"
+        if not value.shape:
+            col = "0"
+        if value.op == Op.CONST:
+            return float_literal(value.attr("value"))
+        if value.op == Op.SLICE:
+            return self.ref(value.args[0], rows, row, f"{col} + {value.attr('lo')}")
+        if value.op == Op.EXPAND:
+            return self.ref(value.args[0], rows, row, col)
+        operands = [self.ref(arg, rows, row, col) for arg in value.args]
+        return OP_EXPR[value.op].format(*operands)
+
+    def _source(self, value: Value, rows: RowKind, row: str, col: str) -> str:
+        op = value.op
+        if op == Op.CONST:
+            return float_literal(value.attr("value"))
+        if op == Op.PARAM:
+            return f"{param_symbol(value.name)}[{col}]"
+        if op == Op.SLICE:
+            return self.ref(value.args[0], rows, row, f"{col} + {value.attr('lo')}")
+        if op == Op.EMBED:
+            table, index = (self.values[a] for a in value.args)
+            position = f"(int64_t){input_symbol(index.name)}[nd[{row}]]"
+            return f"{param_symbol(table.name)}[{position} * {table.shape[1]} + {col}]"
+        row_width = width(value)
+        if op == Op.INPUT:
+            return f"{input_symbol(value.name)}[nd[{row}] * {row_width} + {col}]"
+        if op == Op.STATE:
+            return f"{state_symbol(value.name)}[nd[{row}] * {row_width} + {col}]"
+        if op == Op.CHILD_STATE:
+            return f"{state_symbol(value.name)}[ch[{row}] * {row_width} + {col}]"
+        if op == Op.CHILD_STATE_AT:
+            return f"{state_symbol(value.name)}[kid{value.attr('k')}[{row}] * {row_width} + {col}]"
+        if op == Op.HOISTED:
+            return f"{hoisted_symbol(value.name)}[(pre_base + {row}) * {row_width} + {col}]"
+        raise NotImplementedError(f"no source read for {op}")  # pragma: no cover

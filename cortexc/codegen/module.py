@@ -1,0 +1,120 @@
+"""The generated package: `__init__.py` (from a template), kernel sources and `cell.json`.
+
+`cell.json` describes every cell (dims, params, inputs, states, outputs, the
+kernel schedule and the pointer layout the runtime must pass) and carries the
+`.cell` source and `-D` values it was compiled with, so the runtime can
+rebuild the IR for input validation and for the interpreter. Files are
+written to a temporary directory and moved into place only when all of them
+are ready: a failed compile leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from cortexc import __version__
+from cortexc.codegen.render import abi, environment, render_c
+from cortexc.codegen.target import TARGETS, Target
+from cortexc.errors import CortexcError
+from cortexc.ir.cell import Cell
+from cortexc.ir.program import Program
+from cortexc.passes.schedule import schedule, width
+from cortexc.pipeline import compile_source
+
+FORMAT_VERSION = 1
+
+
+def package_name(path: str | os.PathLike) -> str:
+    """The package a `.cell` file compiles to: its stem, made a Python identifier."""
+    stem = Path(path).stem
+    name = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in stem)
+    if not name or name[0].isdigit():
+        name = f"cell_{name}"
+    return name
+
+
+def _step_json(step: Any) -> dict[str, Any]:
+    fields = asdict(step) if is_dataclass(step) else {}
+    fields = {k: (v.value if hasattr(v, "value") else v) for k, v in fields.items()}
+    return {"step": type(step).__name__.lower(), **fields}
+
+
+def cell_spec(cell: Cell, program: Program, kernel_file: str) -> dict[str, Any]:
+    return {
+        "name": cell.name,
+        "structure": cell.structure.value,
+        "arity": cell.arity,
+        "dims": dict(cell.dims),
+        "params": [{"name": p.name, "shape": list(p.shape), "init": str(p.init)} for p in cell.params],
+        "inputs": [
+            {"name": i.name, "shape": list(i.shape), "dtype": "int32" if i.is_index else "float32",
+             "index_range": i.index_range}
+            for i in cell.inputs
+        ],
+        "states": [{"name": s.name, "shape": list(s.shape)} for s in cell.states],
+        "state_shapes": [list(s.shape) for s in cell.states],
+        "outputs": [{"name": o.name, "shape": list(o.shape), "at_root": o.at_root} for o in cell.outputs],
+        "hoisted_widths": [width(cell.pre.values[i]) for _, i in cell.pre.results] if cell.pre else [],
+        "packed": [{"name": w.name, "params": list(w.params), "m": w.m, "k": w.k} for w in program.packed],
+        "abi": abi(cell, program),
+        "kernels": {"c": kernel_file},
+        "schedule": [
+            {"kernel": k.name, "rows": k.rows.value, "steps": [_step_json(s) for s in k.steps]}
+            for k in program.kernels
+        ],
+    }
+
+
+def write_package(source: str, source_file: str, out_dir: str | os.PathLike,
+                  defines: Mapping[str, int] | None = None, targets: tuple[str, ...] = ("c",),
+                  dump_dir: str | os.PathLike | None = None) -> Path:
+    """Compile a `.cell` source into the package `out_dir/<stem>/`; returns its path."""
+    for name in targets:
+        if name not in TARGETS:
+            raise CortexcError(f"target {name!r} is not available (available: {', '.join(TARGETS)})")
+    cells = compile_source(source, source_file, defines, dump_dir)
+    name = package_name(source_file)
+    files: dict[str, str] = {}
+    specs = []
+    for cell in cells:
+        program = schedule(cell)
+        target: Target = TARGETS["c"]
+        kernel_file = f"{cell.name}{target.source_suffix}"
+        files[kernel_file] = render_c(program, target, source_file)
+        specs.append(cell_spec(cell, program, kernel_file))
+    description = {
+        "format": FORMAT_VERSION,
+        "cortexc": __version__,
+        "package": name,
+        "source_file": str(source_file),
+        "source": source,
+        "defines": dict(defines or {}),
+        "cells": specs,
+    }
+    files["cell.json"] = json.dumps(description, indent=1, sort_keys=False) + "\n"
+    files["__init__.py"] = environment().get_template("module_init.py.j2").render(
+        source_file=source_file,
+        cell_names=[c.name for c in cells],
+        kernel_files=[s["kernels"]["c"] for s in specs],
+    )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    final = out / name
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out))
+    try:
+        for file_name, text in files.items():
+            (staging / file_name).write_text(text, encoding="utf-8")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return final

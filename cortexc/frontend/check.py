@@ -1,0 +1,290 @@
+"""Declaration checks: names, dims (with `-D` overrides), shapes, inits, block order.
+
+The result is a `DeclaredCell`: every declaration resolved to integers, the
+blocks and outputs still as syntax. `lower` then checks and translates the
+bodies (the type of an expression is exactly the shape and domain of the IR
+value it becomes, so those checks live where the values are built).
+
+The checker keeps going after an error, so one run reports every mistake it
+can; the first error is raised with the rest in ``.others``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import numbers
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from cortexc.errors import CellError, CellTypeError, DimError, SourceLoc
+from cortexc.frontend import ast
+from cortexc.ir import cell as ir
+from cortexc.ir.ops import Shape
+
+INIT_ARITY = {"zeros": 0, "ones": 0, "xavier": 0, "uniform": 2, "normal": 2}
+
+
+class ErrorSink:
+    """Collects located errors; `raise_if_any` raises the first with the others attached."""
+
+    def __init__(self) -> None:
+        self.errors: list[CellError] = []
+
+    def report(self, message: str, loc: SourceLoc | None, cls: type[CellError] = CellTypeError) -> None:
+        self.errors.append(cls(message, loc))
+
+    def raise_if_any(self) -> None:
+        if self.errors:
+            # in source order (blocks are checked node first), command-line (-D) errors before the file's
+            ordered = sorted(self.errors, key=lambda e: (e.loc.line, e.loc.col) if e.loc else (0, 0))
+            first = ordered[0]
+            first.others = ordered[1:]
+            raise first
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+@dataclass(frozen=True)
+class DeclaredCell:
+    """A cell whose declarations are resolved; blocks and outputs are still syntax."""
+
+    syntax: ast.CellDef
+    structure: ir.Structure
+    arity: int | None
+    dims: tuple[tuple[str, int], ...]
+    params: tuple[ir.ParamDecl, ...]
+    inputs: tuple[ir.InputDecl, ...]
+    states: tuple[ir.StateDecl, ...]
+    leaf: ast.Block | None
+    node: ast.Block | None
+    outputs: tuple[tuple[ast.OutputDecl, Shape], ...]
+
+    @property
+    def dim_map(self) -> dict[str, int]:
+        return dict(self.dims)
+
+
+def check_module(module: ast.Module, defines: Mapping[str, int] | None = None) -> list[DeclaredCell]:
+    """Check every cell of a file; `defines` are the `-D NAME=VALUE` overrides."""
+    defines = dict(defines or {})
+    sink = ErrorSink()
+    for name, value in list(defines.items()):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            sink.report(f"-D {name}={value!r}: a dim must be a positive integer", None, DimError)
+            del defines[name]  # checked with its default instead, so no error follows from it
+    seen_cells: dict[str, ast.CellDef] = {}
+    declared: list[DeclaredCell] = []
+    for cell_def in module.cells:
+        if cell_def.name in seen_cells:
+            first = seen_cells[cell_def.name].loc
+            sink.report(f"duplicate cell '{cell_def.name}' (first defined at line {first.line})", cell_def.loc)
+            continue
+        seen_cells[cell_def.name] = cell_def
+        result = _check_cell(cell_def, defines, sink)
+        if result is not None:
+            declared.append(result)
+    if not module.cells:
+        sink.report("the file defines no cell", SourceLoc(module.file, 1, 1, ""))
+    every_dim = {item.name for c in module.cells for item in c.items if isinstance(item, ast.DimDecl)}
+    for name in defines:
+        if name not in every_dim:
+            sink.report(
+                f"-D {name}: no cell in {module.file} declares a dim '{name}'" + did_you_mean(name, every_dim),
+                None,
+                DimError,
+            )
+    sink.raise_if_any()
+    return declared
+
+
+def _check_cell(cell_def: ast.CellDef, defines: Mapping[str, int], sink: ErrorSink) -> DeclaredCell | None:
+    arity = None
+    if cell_def.arity is not None:
+        if not cell_def.arity.is_int or int(cell_def.arity.text) < 1:
+            sink.report(f"arity must be a positive integer, not {cell_def.arity.text}", cell_def.arity.loc)
+        else:
+            arity = int(cell_def.arity.text)
+
+    names: dict[str, tuple[str, SourceLoc]] = {}  # every declared name -> (what, where)
+
+    def declare(name: str, what: str, loc: SourceLoc) -> bool:
+        if name in names:
+            other_what, other_loc = names[name]
+            sink.report(
+                f"duplicate declaration of '{name}' (already declared as {other_what} at line {other_loc.line})",
+                loc,
+            )
+            return False
+        names[name] = (what, loc)
+        return True
+
+    # order rules: declarations, then blocks, then outputs
+    phase = 0  # 0 declarations, 1 blocks, 2 outputs
+    blocks: dict[str, ast.Block] = {}
+    for item in cell_def.items:
+        if isinstance(item, ast.Block):
+            if phase == 2:
+                sink.report(f"the {item.kind} block must come before the outputs", item.loc)
+            phase = max(phase, 1)
+            if item.kind in blocks:
+                sink.report(f"duplicate {item.kind} block (first at line {blocks[item.kind].loc.line})", item.loc)
+            else:
+                blocks[item.kind] = item
+        elif isinstance(item, ast.OutputDecl):
+            phase = 2
+        elif phase > 0:
+            sink.report(f"declaration of '{item.name}' after a block: declarations come before the blocks",
+                        item.loc)
+    if "node" not in blocks:
+        sink.report(f"cell '{cell_def.name}' has no node block (it is required)", cell_def.loc)
+
+    # dims first: shapes anywhere may use any dim
+    dims: dict[str, int] = {}
+    for item in cell_def.items:
+        if isinstance(item, ast.DimDecl) and declare(item.name, "a dim", item.loc):
+            if not item.value.is_int or int(item.value.text) < 1:
+                sink.report(f"dim {item.name} must be a positive integer, not {item.value.text}", item.value.loc)
+                dims[item.name] = 1
+            else:
+                dims[item.name] = int(defines.get(item.name, int(item.value.text)))
+
+    def shape_of(exprs: tuple[ast.Expr, ...], what: str, loc: SourceLoc) -> Shape | None:
+        if len(exprs) not in (1, 2):
+            sink.report(f"{what} must be a vector or a matrix (1 or 2 sizes), not {len(exprs)} sizes", loc)
+            return None
+        sizes = []
+        for expr in exprs:
+            size = const_int(expr, dims, sink, "a size")
+            if size is None:
+                return None
+            if size < 1:
+                sink.report(f"sizes must be positive, but this one is {size}", expr_loc(expr))
+                return None
+            sizes.append(size)
+        return tuple(sizes)
+
+    params: list[ir.ParamDecl] = []
+    inputs: list[ir.InputDecl] = []
+    states: list[ir.StateDecl] = []
+    outputs: list[tuple[ast.OutputDecl, Shape]] = []
+    for item in cell_def.items:
+        if isinstance(item, ast.InputDecl):
+            if not declare(item.name, "an input", item.loc):
+                continue
+            if item.index_range is not None:
+                size = const_int(item.index_range, dims, sink, "an index range")
+                if size is not None and size < 1:
+                    sink.report(f"an index range must be positive, not {size}", expr_loc(item.index_range))
+                elif size is not None:
+                    inputs.append(ir.InputDecl(item.name, (), size))
+            else:
+                shape = shape_of(item.shape, f"input {item.name}", item.loc)
+                if shape is not None and len(shape) != 1:
+                    sink.report(f"input {item.name} must be a vector, not a matrix", item.loc)
+                elif shape is not None:
+                    inputs.append(ir.InputDecl(item.name, shape))
+        elif isinstance(item, ast.ParamDecl):
+            if not declare(item.name, "a param", item.loc):
+                continue
+            shape = shape_of(item.shape, f"param {item.name}", item.loc)
+            init = _check_init(item, shape, sink)
+            if shape is not None and init is not None:
+                params.append(ir.ParamDecl(item.name, shape, init))
+        elif isinstance(item, ast.StateDecl):
+            if not declare(item.name, "a state", item.loc):
+                continue
+            shape = shape_of(item.shape, f"state {item.name}", item.loc)
+            if shape is not None:
+                states.append(ir.StateDecl(item.name, shape))
+        elif isinstance(item, ast.OutputDecl):
+            if not declare(item.name, "an output", item.loc):
+                continue
+            shape = shape_of(item.shape, f"output {item.name}", item.loc)
+            if shape is not None:
+                outputs.append((item, shape))
+    if not any(isinstance(item, ast.StateDecl) for item in cell_def.items):
+        sink.report(f"cell '{cell_def.name}' declares no state: it would compute nothing", cell_def.loc)
+
+    return DeclaredCell(
+        syntax=cell_def,
+        structure=ir.Structure(cell_def.structure),
+        arity=arity,
+        dims=tuple(dims.items()),
+        params=tuple(params),
+        inputs=tuple(inputs),
+        states=tuple(states),
+        leaf=blocks.get("leaf"),
+        node=blocks.get("node"),
+        outputs=tuple(outputs),
+    )
+
+
+def _check_init(item: ast.ParamDecl, shape: Shape | None, sink: ErrorSink) -> ir.Init | None:
+    if item.init is None:
+        matrix = shape is not None and len(shape) == 2
+        return ir.Init(ir.InitKind.XAVIER if matrix else ir.InitKind.ZEROS)
+    spec = item.init
+    if spec.name not in INIT_ARITY:
+        sink.report(
+            f"unknown init '{spec.name}' (expected zeros, ones, xavier, uniform(a, b) or normal(mean, std))"
+            + did_you_mean(spec.name, INIT_ARITY),
+            spec.loc,
+        )
+        return None
+    expected = INIT_ARITY[spec.name]
+    if len(spec.args) != expected:
+        sink.report(f"init {spec.name} takes {expected} numbers, got {len(spec.args)}", spec.loc)
+        return None
+    if spec.name == "uniform" and not spec.args[0] < spec.args[1]:
+        sink.report(f"uniform(a, b) needs a < b, got uniform({spec.args[0]:g}, {spec.args[1]:g})", spec.loc)
+        return None
+    if spec.name == "normal" and spec.args[1] < 0:
+        sink.report(f"normal(mean, std) needs std >= 0, got {spec.args[1]:g}", spec.loc)
+        return None
+    return ir.Init(ir.InitKind(spec.name), tuple(spec.args))
+
+
+def expr_loc(expr: ast.Expr) -> SourceLoc:
+    """Where an expression starts (a binary expression's own loc is its operator)."""
+    while isinstance(expr, ast.Binary | ast.Slice | ast.Index):
+        expr = expr.left if isinstance(expr, ast.Binary) else expr.base
+    return expr.loc
+
+
+def const_int(expr: ast.Expr, dims: Mapping[str, int], sink: ErrorSink, what: str) -> int | None:
+    """Evaluate an integer expression of literals and dims (+ - * /), reporting what is wrong."""
+    value = const_value(expr, dims, sink, what)
+    if value is None:
+        return None
+    if not math.isfinite(value) or value != int(value):
+        sink.report(f"{what} must be an integer, but this is {value:g}", expr_loc(expr))
+        return None
+    return int(value)
+
+
+def const_value(expr: ast.Expr, dims: Mapping[str, int], sink: ErrorSink, what: str) -> float | None:
+    if isinstance(expr, ast.Number):
+        return expr.value
+    if isinstance(expr, ast.Name):
+        if expr.name in dims:
+            return float(dims[expr.name])
+        sink.report(f"unknown dim '{expr.name}' in {what}" + did_you_mean(expr.name, dims), expr.loc)
+        return None
+    if isinstance(expr, ast.Neg):
+        inner = const_value(expr.operand, dims, sink, what)
+        return None if inner is None else -inner
+    if isinstance(expr, ast.Binary) and expr.op in "+-*/":
+        left = const_value(expr.left, dims, sink, what)
+        right = const_value(expr.right, dims, sink, what)
+        if left is None or right is None:
+            return None
+        if expr.op == "/" and right == 0:
+            sink.report("division by zero", expr.loc)
+            return None
+        return {"+": left + right, "-": left - right, "*": left * right, "/": left / (right or 1)}[expr.op]
+    sink.report(f"{what} must be a constant made of numbers and dims", expr.loc)
+    return None

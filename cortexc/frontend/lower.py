@@ -1,0 +1,475 @@
+"""Blocks and outputs -> IR bodies, checking every expression on the way.
+
+Each expression is elaborated into an SSA value whose shape and domain are
+its type, so a shape mismatch, a per-child value assigned to a state or a
+`child[k]` beyond the arity is found exactly where the value would be built,
+with the location of the operator or name at fault. Identical values are
+shared as they are built (a param read twice is one value), and values that
+no result needs are dropped at the end of each body.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from cortexc.errors import SourceLoc
+from cortexc.frontend import ast
+from cortexc.frontend.check import DeclaredCell, ErrorSink, const_int, did_you_mean, expr_loc
+from cortexc.ir import cell as ir
+from cortexc.ir.cell import BodyKind, DType, Value
+from cortexc.ir.ops import (
+    BINARY_SYMBOLS,
+    REDUCTIONS,
+    UNARY_FUNCTIONS,
+    VECTOR_FUNCTIONS,
+    Domain,
+    Op,
+    Shape,
+    ShapeError,
+    broadcast_shape,
+    concat_shape,
+    fmt_shape,
+    matmul_shape,
+    slice_shape,
+)
+
+FUNCTIONS = sorted([*UNARY_FUNCTIONS, *VECTOR_FUNCTIONS, *REDUCTIONS, "concat"])
+
+
+def lower_cell(decl: DeclaredCell, sink: ErrorSink, source_file: str = "") -> ir.Cell | None:
+    """Build the IR cell; errors go to `sink` (None is returned if any were found here)."""
+    before = len(sink.errors)
+    node = _lower_block(decl, decl.node, sink) if decl.node is not None else None
+    leaf = _lower_block(decl, decl.leaf, sink) if decl.leaf is not None else None
+    outputs = []
+    for out_decl, shape in decl.outputs:
+        body = _lower_output(decl, out_decl, shape, sink)
+        if body is not None:
+            outputs.append(ir.Output(out_decl.name, shape, out_decl.at_root, body))
+    if len(sink.errors) > before or node is None:
+        return None
+    return ir.Cell(
+        name=decl.syntax.name,
+        structure=decl.structure,
+        arity=decl.arity,
+        dims=decl.dims,
+        params=decl.params,
+        inputs=decl.inputs,
+        states=decl.states,
+        node=node,
+        leaf=leaf,
+        outputs=tuple(outputs),
+        source=source_file,
+    )
+
+
+class BodyBuilder:
+    """Appends values in SSA order, sharing identical ones, and labels them for dumps."""
+
+    def __init__(self) -> None:
+        self.values: list[Value] = []
+        self._index: dict[tuple[Any, ...], int] = {}
+        self._labels: dict[int, str] = {}
+
+    def add(self, op: Op, args: tuple[int, ...], shape: Shape, domain: Domain,
+            attrs: tuple[tuple[str, Any], ...] = (), dtype: DType = DType.F32,
+            loc: SourceLoc | None = None) -> int:
+        key = (op, args, shape, domain, attrs, dtype)
+        if key not in self._index:
+            self._index[key] = len(self.values)
+            self.values.append(Value(op, args, shape, domain, attrs, dtype, loc=loc))
+        return self._index[key]
+
+    def label(self, index: int, name: str) -> None:
+        self._labels.setdefault(index, name)
+
+    def finish(self, kind: BodyKind, results: list[tuple[str, int]]) -> ir.Body:
+        """The body with only the values some result needs, renumbered in order."""
+        live = set()
+        stack = [index for _, index in results]
+        while stack:
+            index = stack.pop()
+            if index not in live:
+                live.add(index)
+                stack.extend(self.values[index].args)
+        renumber: dict[int, int] = {}
+        kept: list[Value] = []
+        for index, value in enumerate(self.values):
+            if index in live:
+                renumber[index] = len(kept)
+                args = tuple(renumber[a] for a in value.args)
+                kept.append(replace(value, args=args, label=self._labels.get(index, "")))
+        return ir.Body(kind, tuple(kept), tuple((name, renumber[i]) for name, i in results))
+
+
+@dataclass
+class _Scope:
+    decl: DeclaredCell
+    kind: str  # "leaf", "node" or "output"
+    builder: BodyBuilder
+    sink: ErrorSink
+    locals: dict[str, int | None]  # None marks a name whose value had an error
+    assigned_states: dict[str, tuple[int | None, SourceLoc]]
+    targets: frozenset[str] = frozenset()  # every name the block assigns (to tell "not yet" from "unknown")
+
+
+def _lower_block(decl: DeclaredCell, block: ast.Block, sink: ErrorSink) -> ir.Body:
+    targets = frozenset(t.name for stmt in block.stmts for t in stmt.targets)
+    scope = _Scope(decl, block.kind, BodyBuilder(), sink, {}, {}, targets)
+    states = {s.name: s for s in decl.states}
+    read_only = {p.name: "param" for p in decl.params} | {i.name: "input" for i in decl.inputs}
+    read_only |= {name: "dim" for name, _ in decl.dims}
+    for stmt in block.stmts:
+        if len(stmt.targets) != len(stmt.values):
+            sink.report(f"{len(stmt.targets)} names on the left but {len(stmt.values)} values on the right",
+                        stmt.loc)
+            for target in stmt.targets:  # count them as assigned (in error), so no error follows from this one
+                if target.name in states:
+                    scope.assigned_states.setdefault(target.name, (None, target.loc))
+                elif target.name not in read_only:
+                    scope.locals[target.name] = None
+            continue
+        values = [_expr(scope, expr) for expr in stmt.values]  # all right sides first, as in Python
+        for target, expr, value in zip(stmt.targets, stmt.values, values):
+            _bind(scope, target, expr, value, states, read_only)
+    results = []
+    for state in decl.states:
+        if state.name not in scope.assigned_states:
+            sink.report(f"state '{state.name}' is not assigned in the {block.kind} block", block.loc)
+            continue
+        index, _ = scope.assigned_states[state.name]
+        if index is not None:
+            results.append((state.name, index))
+    kind = BodyKind.LEAF if block.kind == "leaf" else BodyKind.NODE
+    return scope.builder.finish(kind, results)
+
+
+def _bind(scope: _Scope, target: ast.Target, expr: ast.Expr, value: int | None,
+          states: dict[str, ir.StateDecl], read_only: dict[str, str]) -> None:
+    name, sink = target.name, scope.sink
+    if name in read_only:
+        what = read_only[name]
+        sink.report(f"cannot assign to {what} '{name}': {what}s are read-only", target.loc)
+        return
+    if value is not None:
+        scope.builder.label(value, name)
+    if name not in states:
+        scope.locals[name] = value
+        return
+    if name in scope.assigned_states:
+        first = scope.assigned_states[name][1]
+        sink.report(f"state '{name}' is assigned twice in the {scope.kind} block (first at line {first.line})",
+                    target.loc)
+        return
+    scope.assigned_states[name] = (value, target.loc)
+    if value is None:
+        return
+    v = scope.builder.values[value]
+    state = states[name]
+    if v.domain == Domain.CHILD:
+        sink.report(f"state '{name}' is assigned a per-child value: reduce it over the children with "
+                    "sum(...), mean(...) or max(...)", expr_loc(expr))
+        scope.assigned_states[name] = (None, target.loc)
+    elif v.dtype != DType.F32 or v.shape != state.shape:
+        sink.report(f"shape mismatch: state {name}{fmt_shape(state.shape)} is assigned a value of shape "
+                    f"{_describe(v)}", expr_loc(expr))
+        scope.assigned_states[name] = (None, target.loc)
+
+
+def _lower_output(decl: DeclaredCell, out: ast.OutputDecl, shape: Shape, sink: ErrorSink) -> ir.Body | None:
+    scope = _Scope(decl, "output", BodyBuilder(), sink, {}, {})
+    value = _expr(scope, out.expr)
+    if value is None:
+        return None
+    v = scope.builder.values[value]
+    if v.dtype != DType.F32 or v.shape != shape:
+        sink.report(f"shape mismatch: output {out.name}{fmt_shape(shape)} is given a value of shape "
+                    f"{_describe(v)}", expr_loc(out.expr))
+        return None
+    return scope.builder.finish(BodyKind.OUTPUT, [(out.name, value)])
+
+
+def _describe(v: Value) -> str:
+    return "index (an int)" if v.dtype == DType.I32 else fmt_shape(v.shape)
+
+
+def _text(expr: ast.Expr) -> str:
+    """Short source-like text of an expression, for messages."""
+    if isinstance(expr, ast.Number):
+        return expr.text
+    if isinstance(expr, ast.Name):
+        return expr.name
+    if isinstance(expr, ast.Binary):
+        prec = _PRECEDENCE[expr.op]
+        left = _text(expr.left)
+        right = _text(expr.right)
+        if isinstance(expr.left, ast.Binary) and _PRECEDENCE[expr.left.op] < prec:
+            left = f"({left})"
+        if isinstance(expr.right, ast.Binary) and _PRECEDENCE[expr.right.op] <= prec:
+            right = f"({right})"
+        return f"{left} {expr.op} {right}"
+    if isinstance(expr, ast.Neg):
+        return f"-{_operand_text(expr.operand)}"
+    if isinstance(expr, ast.Call):
+        return f"{expr.func}({', '.join(_text(a) for a in expr.args)})"
+    if isinstance(expr, ast.Slice):
+        lo = _text(expr.lo) if expr.lo else ""
+        hi = _text(expr.hi) if expr.hi else ""
+        return f"{_operand_text(expr.base)}[{lo}:{hi}]"
+    if isinstance(expr, ast.Index):
+        return f"{_operand_text(expr.base)}[{_text(expr.index)}]"
+    if isinstance(expr, ast.ChildAll):
+        return f"child.{expr.state}"
+    return f"child[{_text(expr.k)}].{expr.state}"
+
+
+_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2, "@": 2}
+
+
+def _operand_text(expr: ast.Expr) -> str:
+    """`_text` of an operand of unary minus or of a postfix `[...]`, in parentheses if it needs them."""
+    return f"({_text(expr)})" if isinstance(expr, ast.Binary | ast.Neg) else _text(expr)
+
+
+def _named(expr: ast.Expr, v: Value) -> str:
+    return f"{_operand_text(expr)}{fmt_shape(v.shape)}" if v.shape else f"{_text(expr)} (a scalar)"
+
+
+def _expr(scope: _Scope, expr: ast.Expr) -> int | None:
+    handler = _HANDLERS[type(expr)]
+    return handler(scope, expr)
+
+
+def _value(scope: _Scope, index: int) -> Value:
+    return scope.builder.values[index]
+
+
+def _float_operand(scope: _Scope, expr: ast.Expr) -> int | None:
+    """Elaborate an operand of arithmetic: index inputs are only for look-ups."""
+    index = _expr(scope, expr)
+    if index is not None and _value(scope, index).dtype == DType.I32:
+        scope.sink.report(f"'{_text(expr)}' is an index input: it can only select a row of a param, "
+                          f"as E[{_text(expr)}]", expr_loc(expr))
+        return None
+    return index
+
+
+def _number(scope: _Scope, expr: ast.Number) -> int:
+    return scope.builder.add(Op.CONST, (), (), Domain.PARAM, (("value", expr.value),), loc=expr.loc)
+
+
+def _name(scope: _Scope, expr: ast.Name) -> int | None:
+    name, decl, b = expr.name, scope.decl, scope.builder
+    if name in scope.locals:
+        return scope.locals[name]
+    for state in decl.states:
+        if state.name == name:
+            if scope.kind == "output":
+                return b.add(Op.STATE, (), state.shape, Domain.NODE, (("name", name),), loc=expr.loc)
+            if name in scope.assigned_states:
+                return scope.assigned_states[name][0]
+            hint = f" (the children's {name} is child.{name})" if scope.kind == "node" else ""
+            scope.sink.report(f"state '{name}' is read before it is assigned in the {scope.kind} block" + hint,
+                              expr.loc)
+            return None
+    for inp in decl.inputs:
+        if inp.name == name:
+            dtype = DType.I32 if inp.is_index else DType.F32
+            return b.add(Op.INPUT, (), inp.shape, Domain.NODE, (("name", name),), dtype, loc=expr.loc)
+    for param in decl.params:
+        if param.name == name:
+            return b.add(Op.PARAM, (), param.shape, Domain.PARAM, (("name", name),), loc=expr.loc)
+    dims = decl.dim_map
+    if name in dims:
+        return b.add(Op.CONST, (), (), Domain.PARAM, (("value", float(dims[name])),), loc=expr.loc)
+    if name in scope.targets:
+        scope.sink.report(f"'{name}' is read before it is assigned in the {scope.kind} block", expr.loc)
+        return None
+    known = [*scope.locals, *(s.name for s in decl.states), *(i.name for i in decl.inputs),
+             *(p.name for p in decl.params), *dims]
+    hint = did_you_mean(name, known)
+    if scope.kind == "output" and not hint:
+        hint = " (outputs read the node's states, inputs and params)"
+    scope.sink.report(f"unknown name '{name}'" + hint, expr.loc)
+    return None
+
+
+def _binary(scope: _Scope, expr: ast.Binary) -> int | None:
+    left = _float_operand(scope, expr.left)
+    right = _float_operand(scope, expr.right)
+    if left is None or right is None:
+        return None
+    a, b = _value(scope, left), _value(scope, right)
+    try:
+        if expr.op == "@":
+            op, shape = Op.MATMUL, matmul_shape(a.shape, b.shape)
+        else:
+            op, shape = BINARY_SYMBOLS[expr.op], broadcast_shape(a.shape, b.shape)
+    except ShapeError as err:
+        verb = {"@": "multiplies", "+": "adds", "-": "subtracts", "*": "multiplies", "/": "divides"}[expr.op]
+        scope.sink.report(f"shape mismatch: {_text(expr)} {verb} {_named(expr.left, a)} "
+                          f"{'by' if expr.op in '@*/' else 'and'} {_named(expr.right, b)}: {err}", expr.loc)
+        return None
+    domain = max(a.domain, b.domain)
+    return scope.builder.add(op, (left, right), shape, domain, loc=expr.loc)
+
+
+def _neg(scope: _Scope, expr: ast.Neg) -> int | None:
+    operand = _float_operand(scope, expr.operand)
+    if operand is None:
+        return None
+    v = _value(scope, operand)
+    return scope.builder.add(Op.NEG, (operand,), v.shape, v.domain, loc=expr.loc)
+
+
+def _call(scope: _Scope, expr: ast.Call) -> int | None:
+    func, sink, b = expr.func, scope.sink, scope.builder
+    if func == "concat":
+        args = [_float_operand(scope, a) for a in expr.args]
+        if any(a is None for a in args):
+            return None
+        values = [_value(scope, a) for a in args]
+        try:
+            shape = concat_shape([v.shape for v in values])
+        except ShapeError as err:
+            sink.report(f"shape mismatch in concat: {err}", expr.loc)
+            return None
+        domain = max(v.domain for v in values)
+        return b.add(Op.CONCAT, tuple(args), shape, domain, loc=expr.loc)
+    if func not in UNARY_FUNCTIONS and func not in VECTOR_FUNCTIONS and func not in REDUCTIONS:
+        sink.report(f"unknown function '{func}'" + did_you_mean(func, FUNCTIONS), expr.loc)
+        return None
+    if len(expr.args) != 1:
+        sink.report(f"{func} takes one argument, got {len(expr.args)}", expr.loc)
+        return None
+    arg = _float_operand(scope, expr.args[0])
+    if arg is None:
+        return None
+    v = _value(scope, arg)
+    if func in UNARY_FUNCTIONS:
+        return b.add(UNARY_FUNCTIONS[func], (arg,), v.shape, v.domain, loc=expr.loc)
+    if func in VECTOR_FUNCTIONS:
+        if len(v.shape) != 1:
+            sink.report(f"{func} takes a vector, but {_text(expr.args[0])} is {fmt_shape(v.shape)}", expr.loc)
+            return None
+        return b.add(VECTOR_FUNCTIONS[func], (arg,), v.shape, v.domain, loc=expr.loc)
+    # a reduction over the children
+    if not _children_visible(scope, f"{func}(...)", expr.loc):
+        return None
+    if v.domain != Domain.CHILD:  # taken once per child even when it reads no child
+        arg = b.add(Op.EXPAND, (arg,), v.shape, Domain.CHILD, loc=expr.loc)
+    return b.add(REDUCTIONS[func], (arg,), v.shape, Domain.NODE, loc=expr.loc)
+
+
+def _children_visible(scope: _Scope, what: str, loc: SourceLoc) -> bool:
+    if scope.kind == "leaf":
+        scope.sink.report(f"{what} in a leaf block: leaves have no children", loc)
+        return False
+    if scope.kind == "output":
+        scope.sink.report(f"{what} in an output: outputs are computed from the node alone, without children",
+                          loc)
+        return False
+    return True
+
+
+def _slice(scope: _Scope, expr: ast.Slice) -> int | None:
+    base = _float_operand(scope, expr.base)
+    if base is None:
+        return None
+    v = _value(scope, base)
+    if len(v.shape) != 1:
+        scope.sink.report(f"only vectors can be sliced, but {_text(expr.base)} is {fmt_shape(v.shape)}",
+                          expr.loc)
+        return None
+    dims = scope.decl.dim_map
+    lo = 0 if expr.lo is None else const_int(expr.lo, dims, scope.sink, "a slice bound")
+    hi = v.shape[0] if expr.hi is None else const_int(expr.hi, dims, scope.sink, "a slice bound")
+    if lo is None or hi is None:
+        return None
+    try:
+        shape = slice_shape(v.shape, lo, hi)
+    except ShapeError as err:
+        at_fault = expr.hi if expr.hi is not None and (hi > v.shape[0] or expr.lo is None) else expr.lo
+        scope.sink.report(f"{_text(expr)}: {err}", expr_loc(at_fault or expr.base))
+        return None
+    return scope.builder.add(Op.SLICE, (base,), shape, v.domain, (("lo", lo), ("hi", hi)), loc=expr.loc)
+
+
+def _index(scope: _Scope, expr: ast.Index) -> int | None:
+    sink = scope.sink
+    table = _expr(scope, expr.base)
+    row = _expr(scope, expr.index)
+    if table is None or row is None:
+        return None
+    t, r = _value(scope, table), _value(scope, row)
+    if t.op != Op.PARAM or len(t.shape) != 2:
+        sink.report(f"{_text(expr)}: only a param matrix can be indexed by an index input (E[word]); "
+                    "use a slice v[a:b] for part of a vector", expr_loc(expr.base))
+        return None
+    if r.dtype != DType.I32:
+        sink.report(f"{_text(expr)}: the row must be an index input (declared 'input w : index[V]')",
+                    expr_loc(expr.index))
+        return None
+    rows = t.shape[0]
+    index_range = next(i.index_range for i in scope.decl.inputs if i.name == r.attr("name"))
+    if index_range is not None and index_range > rows:
+        sink.report(f"{_text(expr)}: {t.name} has {rows} rows but {r.name} ranges over [0, {index_range})",
+                    expr.loc)
+        return None
+    return scope.builder.add(Op.EMBED, (table, row), (t.shape[1],), max(t.domain, r.domain), loc=expr.loc)
+
+
+def _state_named(scope: _Scope, name: str, loc: SourceLoc) -> ir.StateDecl | None:
+    for state in scope.decl.states:
+        if state.name == name:
+            return state
+    names = [s.name for s in scope.decl.states]
+    scope.sink.report(f"the children have no state '{name}'" + did_you_mean(name, names), loc)
+    return None
+
+
+def _child_all(scope: _Scope, expr: ast.ChildAll) -> int | None:
+    if not _children_visible(scope, f"child.{expr.state}", expr.loc):
+        return None
+    state = _state_named(scope, expr.state, expr.loc)
+    if state is None:
+        return None
+    return scope.builder.add(Op.CHILD_STATE, (), state.shape, Domain.CHILD, (("name", state.name),),
+                             loc=expr.loc)
+
+
+def _child_at(scope: _Scope, expr: ast.ChildAt) -> int | None:
+    text = _text(expr)
+    if not _children_visible(scope, text, expr.loc):
+        return None
+    arity = scope.decl.arity
+    if arity is None:
+        scope.sink.report(f"{text} needs a cell with an arity, e.g. 'on tree(arity = 2)'; "
+                          f"use child.{expr.state} for every child", expr.loc)
+        return None
+    k = const_int(expr.k, scope.decl.dim_map, scope.sink, "a child number")
+    if k is None:
+        return None
+    if not 0 <= k < arity:
+        scope.sink.report(f"{text} is out of the declared arity {arity} (children are numbered 0 to "
+                          f"{arity - 1})", expr.k.loc)
+        return None
+    state = _state_named(scope, expr.state, expr.loc)
+    if state is None:
+        return None
+    attrs = (("name", state.name), ("k", k))
+    return scope.builder.add(Op.CHILD_STATE_AT, (), state.shape, Domain.NODE, attrs, loc=expr.loc)
+
+
+_HANDLERS = {
+    ast.Number: _number,
+    ast.Name: _name,
+    ast.Binary: _binary,
+    ast.Neg: _neg,
+    ast.Call: _call,
+    ast.Slice: _slice,
+    ast.Index: _index,
+    ast.ChildAll: _child_all,
+    ast.ChildAt: _child_at,
+}

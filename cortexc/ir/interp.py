@@ -1,0 +1,191 @@
+"""The reference interpreter: the executable meaning of every IR op.
+
+It runs a cell one node at a time, children before parents, with NumPy. It
+is the oracle every compiled path is compared with and the "eager" baseline
+of the benchmarks, so it favours being obviously right over being fast.
+
+Array layout: a per-node value has its own shape (`[H]`, `[H, H]`); a
+per-child value has one more leading axis, the children (`[num_children, H]`).
+A node without children has zero-row per-child values, so `sum` gives 0
+with no special case; `mean` and `max` of no children are defined as 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from cortexc.ir.cell import Body, Cell, Value
+from cortexc.ir.ops import Domain, Op
+from cortexc.runtime.forest import Forest
+from cortexc.runtime.params import check_params
+from cortexc.runtime.validate import check_forest, check_inputs
+
+
+class _Node:
+    """What the rules of one node can see."""
+
+    __slots__ = ("index", "children", "states", "inputs", "params", "dtype", "hoisted")
+
+    def __init__(self, index, children, states, inputs, params, dtype):
+        self.index = index
+        self.children = children
+        self.states = states
+        self.inputs = inputs
+        self.params = params
+        self.dtype = dtype
+        self.hoisted: dict[str, np.ndarray] = {}  # this node's results of the cell's `pre` body
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-x))
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    shifted = np.exp(x - x.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+UNARY: dict[Op, Callable[[np.ndarray], np.ndarray]] = {
+    Op.NEG: np.negative,
+    Op.SIGMOID: _sigmoid,
+    Op.TANH: np.tanh,
+    Op.RELU: lambda x: np.maximum(x, 0),
+    Op.EXP: np.exp,
+    Op.LOG: np.log,
+    Op.ABS: np.abs,
+    Op.SOFTPLUS: lambda x: np.logaddexp(0, x),
+    Op.SOFTMAX: _softmax,
+    Op.LOG_SOFTMAX: _log_softmax,
+}
+BINARY: dict[Op, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    Op.ADD: np.add,
+    Op.SUB: np.subtract,
+    Op.MUL: np.multiply,
+    Op.DIV: np.divide,
+}
+
+
+def _batched(x: np.ndarray, value: Value, rank: int) -> np.ndarray:
+    """A batched (leading-axis) operand lined up against results of `rank` trailing dims.
+
+    NumPy aligns trailing axes, so a per-child scalar `[C]` next to a vector
+    `[H]` must become `[C, 1]`; unbatched operands already line up.
+    """
+    if value.domain != Domain.CHILD or len(value.shape) >= rank:
+        return x
+    return x.reshape(x.shape[:1] + (1,) * (rank - len(value.shape)) + x.shape[1:])
+
+
+def _lead(x: np.ndarray, value: Value, count: int) -> np.ndarray:
+    """Give an unbatched operand the leading axis of `count` rows (for concat)."""
+    if value.domain == Domain.CHILD:
+        return x
+    return np.broadcast_to(x, (count, *x.shape))
+
+
+def eval_value(value: Value, args: list[np.ndarray], arg_values: list[Value], node: _Node,
+               batched: bool = False) -> np.ndarray:
+    """The rule of one op. ``batched`` marks leading-axis operands (children, or nodes in read-outs)."""
+    op = value.op
+    if op == Op.PARAM:
+        return node.params[value.name]
+    if op == Op.INPUT:
+        return node.inputs[value.name][node.index]
+    if op == Op.STATE:
+        return node.states[value.name][node.index]
+    if op == Op.CHILD_STATE:
+        return node.states[value.name][node.children]
+    if op == Op.CHILD_STATE_AT:
+        k = value.attr("k")
+        if k < len(node.children):
+            return node.states[value.name][node.children[k]]
+        return np.zeros(value.shape, node.dtype)
+    if op == Op.CONST:
+        return np.asarray(value.attr("value"), node.dtype)
+    if op in BINARY:
+        rank = len(value.shape)
+        a, b = (_batched(x, v, rank) for x, v in zip(args, arg_values))
+        return BINARY[op](a, b).astype(node.dtype, copy=False)
+    if op in UNARY:
+        return UNARY[op](args[0]).astype(node.dtype, copy=False)
+    if op == Op.MATMUL:
+        a, b = args
+        if len(arg_values[1].shape) == 1:
+            return np.matmul(a, b[..., None])[..., 0]
+        return np.matmul(a, b)
+    if op == Op.SLICE:
+        return args[0][..., value.attr("lo"):value.attr("hi")]
+    if op == Op.CONCAT:
+        axis = -1 if len(value.shape) == 1 else -2
+        if value.domain == Domain.CHILD:
+            count = next(x.shape[0] for x, v in zip(args, arg_values) if v.domain == Domain.CHILD)
+            args = [_lead(x, v, count) for x, v in zip(args, arg_values)]
+        return np.concatenate(args, axis=axis)
+    if op == Op.EMBED:
+        return args[0][args[1]]
+    if op == Op.EXPAND:
+        return np.broadcast_to(args[0], (len(node.children), *args[0].shape))
+    if op == Op.SUM:
+        return args[0].sum(axis=0)
+    if op == Op.MEAN:
+        return args[0].mean(axis=0) if len(args[0]) else np.zeros(value.shape, node.dtype)
+    if op == Op.MAX:
+        return args[0].max(axis=0) if len(args[0]) else np.zeros(value.shape, node.dtype)
+    raise NotImplementedError(f"no interpreter rule for {op}")  # pragma: no cover
+
+
+def eval_body(body: Body, node: _Node) -> list[np.ndarray]:
+    results: list[np.ndarray] = []
+    for value in body.values:
+        args = [results[a] for a in value.args]
+        arg_values = [body.values[a] for a in value.args]
+        results.append(eval_value(value, args, arg_values, node))
+    return results
+
+
+def run(cell: Cell, forest: Forest, params: Mapping[str, np.ndarray], inputs: Mapping[str, object],
+        dtype=np.float32) -> dict[str, np.ndarray]:
+    """Every state (`[N, ...]` in the forest's node order) and every output of the cell.
+
+    ``dtype`` is float32 like the compiled code, or float64 for gradient checks.
+    Raises `ForestError`/`InputError` before computing anything if the forest or
+    the inputs do not fit the cell.
+    """
+    check_forest(cell, forest)
+    inputs = check_inputs(cell, forest, inputs, dtype)
+    params = check_params(cell, params, dtype=dtype)
+    n = forest.num_nodes
+    states = {s.name: np.zeros((n, *s.shape), dtype) for s in cell.states}
+    for index in forest.level_order:
+        children = forest.children(int(index))
+        body = cell.leaf if cell.leaf is not None and len(children) == 0 else cell.node
+        node = _Node(int(index), children, states, inputs, params, dtype)
+        if body is cell.node and cell.pre is not None:
+            pre_values = eval_body(cell.pre, node)
+            node.hoisted = {name: pre_values[result] for name, result in cell.pre.results}
+        values = eval_body(body, node)
+        for name, result in body.results:
+            states[name][index] = values[result]
+    out: dict[str, np.ndarray] = dict(states)
+    for output in cell.outputs:
+        rows = np.asarray(forest.roots if output.at_root else np.arange(n), dtype=np.int64)
+        out[output.name] = _readout(output.body, rows, states, inputs, params, dtype)
+    return out
+
+
+def _readout(body: Body, rows: np.ndarray, states, inputs, params, dtype) -> np.ndarray:
+    """A read-out for the given nodes, one node at a time like the recursion."""
+    shape = body.values[body.results[0][1]].shape
+    result = np.zeros((len(rows), *shape), dtype)
+    for i, index in enumerate(rows):
+        node = _Node(int(index), np.zeros(0, np.int64), states, inputs, params, dtype)
+        result[i] = eval_body(body, node)[body.results[0][1]]
+    return result

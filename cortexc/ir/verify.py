@@ -1,0 +1,155 @@
+"""The IR verifier: runs after lowering and after every pass.
+
+A failure here is a bug in cortexc, not in the user's program, so it raises
+`IRVerifyError` naming the body and value, with the offending dump line.
+"""
+
+from __future__ import annotations
+
+from cortexc.errors import CortexcError
+from cortexc.ir.cell import Body, BodyKind, Cell, DType, Value
+from cortexc.ir.ops import (
+    BINARY_OPS,
+    REDUCE_OPS,
+    UNARY_OPS,
+    VECTOR_OPS,
+    Domain,
+    Op,
+    Shape,
+    ShapeError,
+    broadcast_shape,
+    concat_shape,
+    matmul_shape,
+    slice_shape,
+)
+from cortexc.ir.printer import format_value
+
+
+class IRVerifyError(CortexcError):
+    """The IR broke an invariant (an internal compiler error)."""
+
+
+def verify_cell(cell: Cell, stage: str = "") -> Cell:
+    """Check every invariant of the IR; returns the cell so it can sit in a pipeline."""
+    where = f" after {stage}" if stage else ""
+    if cell.pre is not None:
+        _verify_body(cell, cell.pre, BodyKind.PRE, f"{cell.name}.pre{where}")
+    if cell.leaf is not None:
+        _verify_body(cell, cell.leaf, BodyKind.LEAF, f"{cell.name}.leaf{where}")
+    _verify_body(cell, cell.node, BodyKind.NODE, f"{cell.name}.node{where}")
+    for out in cell.outputs:
+        _verify_body(cell, out.body, BodyKind.OUTPUT, f"{cell.name}.output {out.name}{where}")
+        if out.body.results != ((out.name, out.body.result(out.name)),):
+            raise IRVerifyError(f"{cell.name}.output {out.name}{where}: must produce exactly '{out.name}'")
+        result = out.body.values[out.body.result(out.name)]
+        if result.shape != out.shape:
+            raise IRVerifyError(f"{cell.name}.output {out.name}{where}: result shape {result.shape} "
+                                f"!= declared {out.shape}")
+    return cell
+
+
+def _verify_body(cell: Cell, body: Body, kind: BodyKind, where: str) -> None:
+    if body.kind != kind:
+        raise IRVerifyError(f"{where}: body kind {body.kind} where {kind} was expected")
+    for index, value in enumerate(body.values):
+        try:
+            _verify_value(cell, body, index, value)
+        except (ShapeError, KeyError, IRVerifyError) as err:
+            raise IRVerifyError(f"{where}: {err}\n    {format_value(index, value)}") from None
+    for name, index in body.results:
+        if not 0 <= index < len(body.values):
+            raise IRVerifyError(f"{where}: result {name} refers to missing value %{index}")
+        if body.values[index].domain == Domain.CHILD:
+            raise IRVerifyError(f"{where}: result {name} is per-child")
+    if kind == BodyKind.PRE:
+        for name, index in body.results:
+            _expect(body.values[index].domain == Domain.NODE, f"pre result {name} is not per-node")
+        for value in body.values:
+            _expect(value.op not in (Op.CHILD_STATE, Op.CHILD_STATE_AT, Op.STATE, Op.HOISTED),
+                    f"the pre body reads {value.op.value}")
+    if kind in (BodyKind.LEAF, BodyKind.NODE):
+        names = tuple(name for name, _ in body.results)
+        expected = tuple(s.name for s in cell.states)
+        if names != expected:
+            raise IRVerifyError(f"{where}: results {names} are not the states {expected}")
+        for state in cell.states:
+            value = body.values[body.result(state.name)]
+            if value.shape != state.shape or value.dtype != DType.F32:
+                raise IRVerifyError(f"{where}: state {state.name} gets shape {value.shape}")
+
+
+def _expect(condition: bool, message: str) -> None:
+    if not condition:
+        raise IRVerifyError(message)
+
+
+def _verify_value(cell: Cell, body: Body, index: int, value: Value) -> None:
+    for arg in value.args:
+        _expect(0 <= arg < index, f"argument %{arg} is not an earlier value")
+    args = [body.values[a] for a in value.args]
+    for arg in args:
+        if arg.dtype == DType.I32:
+            _expect(value.op == Op.EMBED and arg is args[1], "an index value is used outside a look-up")
+    op = value.op
+    shape: Shape
+    domain: Domain
+    if op == Op.PARAM:
+        shape, domain = cell.param(value.name).shape, Domain.PARAM
+    elif op == Op.INPUT:
+        decl = cell.input(value.name)
+        shape, domain = decl.shape, Domain.NODE
+        _expect(value.dtype == (DType.I32 if decl.is_index else DType.F32), "input dtype differs from its decl")
+    elif op == Op.STATE:
+        _expect(body.kind == BodyKind.OUTPUT, "a node's own state is read only by outputs")
+        shape, domain = cell.state(value.name).shape, Domain.NODE
+    elif op in (Op.CHILD_STATE, Op.CHILD_STATE_AT):
+        _expect(body.kind == BodyKind.NODE, "children are read only in node bodies")
+        shape = cell.state(value.name).shape
+        domain = Domain.CHILD if op == Op.CHILD_STATE else Domain.NODE
+        if op == Op.CHILD_STATE_AT:
+            _expect(cell.arity is not None and 0 <= value.attr("k") < cell.arity, "child index out of arity")
+    elif op == Op.HOISTED:
+        _expect(body.kind == BodyKind.NODE and cell.pre is not None, "hoisted values are read by node bodies")
+        pre_value = cell.pre.values[cell.pre.result(value.name)]
+        shape, domain = pre_value.shape, Domain.NODE
+    elif op == Op.CONST:
+        _expect(isinstance(value.attr("value"), float), "a constant must be a float")
+        shape, domain = value.shape, Domain.PARAM  # a scalar, or a filled vector/matrix
+    elif op in BINARY_OPS:
+        shape = broadcast_shape(args[0].shape, args[1].shape)
+        domain = max(args[0].domain, args[1].domain)
+    elif op in UNARY_OPS or op in VECTOR_OPS:
+        shape, domain = args[0].shape, args[0].domain
+        if op in VECTOR_OPS:
+            _expect(len(shape) == 1, "softmax needs a vector")
+    elif op == Op.MATMUL:
+        shape, domain = matmul_shape(args[0].shape, args[1].shape), max(args[0].domain, args[1].domain)
+    elif op == Op.SLICE:
+        shape, domain = slice_shape(args[0].shape, value.attr("lo"), value.attr("hi")), args[0].domain
+    elif op == Op.CONCAT:
+        shape, domain = concat_shape([a.shape for a in args]), max(a.domain for a in args)
+    elif op == Op.EMBED:
+        _expect(args[0].op == Op.PARAM and len(args[0].shape) == 2, "a look-up reads a param matrix")
+        _expect(args[1].dtype == DType.I32, "a look-up needs an index")
+        shape, domain = (args[0].shape[1],), max(args[0].domain, args[1].domain)
+    elif op == Op.EXPAND:
+        _expect(args[0].domain != Domain.CHILD, "expand of a per-child value")
+        shape, domain = args[0].shape, Domain.CHILD
+    elif op in REDUCE_OPS:
+        _expect(args[0].domain == Domain.CHILD, "a reduction needs a per-child argument")
+        _expect(body.kind == BodyKind.NODE, "reductions over children happen only in node bodies")
+        shape, domain = args[0].shape, Domain.NODE
+    else:  # pragma: no cover - every op is listed above
+        raise IRVerifyError(f"unknown op {op}")
+    _expect(len(value.args) == _ARG_COUNT.get(op, len(value.args)), f"{op.value} takes {_ARG_COUNT.get(op)} args")
+    _expect(value.shape == shape, f"shape {value.shape} but the rule gives {shape}")
+    _expect(value.domain == domain, f"domain {value.domain.name} but the rule gives {domain.name}")
+    if op != Op.INPUT:
+        _expect(value.dtype == DType.F32, "only index inputs are integers")
+
+
+_ARG_COUNT = {
+    Op.PARAM: 0, Op.INPUT: 0, Op.STATE: 0, Op.HOISTED: 0, Op.CHILD_STATE: 0, Op.CHILD_STATE_AT: 0, Op.CONST: 0,
+    **{op: 2 for op in BINARY_OPS}, **{op: 1 for op in UNARY_OPS}, **{op: 1 for op in VECTOR_OPS},
+    Op.MATMUL: 2, Op.SLICE: 1, Op.EMBED: 2, Op.EXPAND: 1, **{op: 1 for op in REDUCE_OPS},
+}

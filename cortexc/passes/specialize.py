@@ -1,0 +1,114 @@
+"""Leaf specialisation: give every cell a leaf body that reads no children.
+
+Requires: a verified cell. Guarantees: ``cell.leaf`` is set and reads no
+child; the node body is unchanged. A cell with a `leaf` block keeps it. For a
+cell without one, leaves run `node` with zero children, so the pass evaluates
+`node` symbolically with no children: every per-child value is empty, every
+reduction over the children is a known zero, `child[k].s` is a known zero,
+and the zeros are folded away (``x + 0 -> x``, ``x * 0 -> 0``, ``W @ 0 -> 0``)
+so that the terms they fed disappear from the leaf program. An op that cannot
+fold a zero gets it as an explicit constant, so folding is only ever an
+optimisation, never a change of meaning.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from cortexc.frontend.lower import BodyBuilder
+from cortexc.ir.cell import Body, BodyKind, Cell, Value
+from cortexc.ir.ops import Domain, Op
+
+
+class _Zero:
+    """A value known to be all zeros (of its own shape)."""
+
+
+class _Empty:
+    """A per-child value of a node with no children: it has no rows at all."""
+
+
+ZERO, EMPTY = _Zero(), _Empty()
+Lowered = int | _Zero | _Empty
+
+#: what an elementwise function gives at 0 (None: no constant; emit the op on an explicit zero)
+_AT_ZERO = {
+    Op.NEG: 0.0, Op.TANH: 0.0, Op.RELU: 0.0, Op.ABS: 0.0,
+    Op.SIGMOID: 0.5, Op.EXP: 1.0, Op.SOFTPLUS: math.log(2.0),
+}
+
+
+def specialize(cell: Cell) -> Cell:
+    if cell.leaf is not None:
+        return cell
+    return replace(cell, leaf=leaf_body(cell.node))
+
+
+def leaf_body(node: Body) -> Body:
+    """The node body evaluated with no children, zeros folded."""
+    builder = BodyBuilder()
+    lowered: list[Lowered] = []
+
+    def materialize(item: Lowered, value: Value) -> int:
+        if isinstance(item, int):
+            return item
+        return builder.add(Op.CONST, (), value.shape, Domain.PARAM, (("value", 0.0),))
+
+    def const(value: Value, number: float) -> int:
+        return builder.add(Op.CONST, (), value.shape, Domain.PARAM, (("value", number),))
+
+    for value in node.values:
+        args = [lowered[a] for a in value.args]
+        arg_values = [node.values[a] for a in value.args]
+        lowered.append(_fold(value, args, arg_values, builder, materialize, const))
+        if isinstance(lowered[-1], int) and value.label:
+            builder.label(lowered[-1], value.label)
+
+    results = []
+    for name, index in node.results:
+        item = lowered[index]
+        results.append((name, materialize(item, node.values[index])))
+    body = builder.finish(BodyKind.LEAF, results)
+    return body
+
+
+def _fold(value: Value, args: list[Lowered], arg_values: list[Value], builder: BodyBuilder,
+          materialize, const) -> Lowered:
+    op = value.op
+    if value.domain == Domain.CHILD:
+        return EMPTY  # includes child.s, expand, and anything computed per child
+    if op == Op.CHILD_STATE_AT:
+        return ZERO
+    if op in (Op.SUM, Op.MEAN, Op.MAX):
+        return ZERO  # over no children
+    zeros = [isinstance(a, _Zero) for a in args]
+    if any(zeros):
+        folded = _fold_zero(value, args, arg_values, zeros, const)
+        if folded is not None:
+            return folded
+    new_args = tuple(materialize(a, v) for a, v in zip(args, arg_values))
+    return builder.add(op, new_args, value.shape, value.domain, value.attrs, value.dtype, loc=value.loc)
+
+
+def _fold_zero(value: Value, args, arg_values, zeros, const) -> Lowered | None:
+    """The result of an op with a known-zero argument, or None if it must be computed."""
+    op = value.op
+    if op in _AT_ZERO:
+        return ZERO if _AT_ZERO[op] == 0.0 else const(value, _AT_ZERO[op])
+    if op in (Op.MATMUL, Op.MUL, Op.SLICE):
+        return ZERO
+    if op == Op.DIV and zeros[0]:
+        return ZERO
+    if op in (Op.ADD, Op.SUB):
+        if all(zeros):
+            return ZERO
+        other = 1 if zeros[0] else 0
+        if arg_values[other].shape != value.shape:
+            return None  # the zero sets the shape: compute with it
+        if op == Op.SUB and zeros[0]:
+            return None  # 0 - x: keep as an explicit subtraction
+        return args[other]
+    if op == Op.CONCAT and all(zeros):
+        return ZERO
+    return None

@@ -1,0 +1,121 @@
+"""The classes of a generated package: one per cell, sharing this base.
+
+A model holds its params (float32, read-only arrays: change them with
+`load_params`, which also re-packs the GEMM weights) and runs a forest on a
+device: ``"cpu"`` (the generated C, built on first use and cached by source
+hash) or ``"interp"`` (the reference interpreter, the eager baseline).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from cortexc.errors import CortexcError
+from cortexc.ir import interp
+from cortexc.ir.cell import Cell
+from cortexc.runtime.forest import Forest
+from cortexc.runtime.params import check_params, init_params
+from cortexc.runtime.validate import check_forest, check_inputs
+
+DEVICES = ("cpu", "interp", "cuda")
+
+
+class CellModel:
+    """A compiled cell. Subclasses are made by `load_package`; do not instantiate this directly."""
+
+    _package: ClassVar[Path]
+    _description: ClassVar[dict[str, Any]]
+    _spec: ClassVar[dict[str, Any]]
+    cell: ClassVar[Cell]  # the checked IR of the cell (what inputs are validated against)
+
+    def __init__(self, device: str = "cpu", seed: int | None = 0):
+        if device not in DEVICES:
+            raise CortexcError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
+        if device == "cuda":
+            raise CortexcError("device='cuda' is not available yet: this build has the CPU backend only "
+                               "(device='cpu', or device='interp' for the reference interpreter)")
+        self.device = device
+        self._params = _frozen(init_params(self.cell, seed))
+        self._executor = None
+
+    # --- params ---------------------------------------------------------------
+    @property
+    def params(self) -> Mapping[str, np.ndarray]:
+        """Name -> float32 array (read-only; use `load_params` to change them)."""
+        return self._params
+
+    def load_params(self, params: Mapping[str, np.ndarray] | str | os.PathLike) -> None:
+        """Replace some or all params (a dict or an `.npz` path); every shape is checked."""
+        checked = check_params(self.cell, params, partial=True)
+        self._params = _frozen({**self._params, **checked})
+        if self._executor is not None:
+            self._executor.set_params(self._params)
+
+    def save_params(self, path: str | os.PathLike) -> None:
+        np.savez(path, **self._params)
+
+    # --- running ----------------------------------------------------------------
+    def __call__(self, forest: Forest, grad: bool = False, **inputs: Any) -> dict[str, np.ndarray]:
+        """States `[N, ...]` in the forest's node order and every output, for the whole forest."""
+        if grad:
+            raise CortexcError("grad=True needs the autodiff pass, which this build does not have yet")
+        check_forest(self.cell, forest)
+        checked = check_inputs(self.cell, forest, inputs)
+        if self.device == "interp":
+            return interp.run(self.cell, forest, self._params, checked)
+        from cortexc.runtime.linearize import linearize
+
+        return self._cpu().forward(linearize(forest), checked)
+
+    def _cpu(self):
+        if self._executor is None:
+            from cortexc.runtime.build import build_shared
+            from cortexc.runtime.cpu import CpuExecutor
+
+            kernel_path = type(self)._package / self._spec["kernels"]["c"]
+            source = kernel_path.read_text(encoding="utf-8")
+            library = build_shared(source, f"{self._description['package']}_{self.cell.name}", kernel_path)
+            executor = CpuExecutor(self._spec, library)
+            executor.set_params(self._params)
+            self._executor = executor
+        return self._executor
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(device={self.device!r})"
+
+
+def _frozen(params: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    frozen = {}
+    for name, value in params.items():
+        array = np.array(value, dtype=np.float32, copy=True)
+        array.flags.writeable = False
+        frozen[name] = array
+    return frozen
+
+
+def load_package(directory: str | os.PathLike) -> dict[str, type[CellModel]]:
+    """The model classes of a generated package, by cell name."""
+    from cortexc.frontend import lower_source
+
+    directory = Path(directory)
+    description = json.loads((directory / "cell.json").read_text(encoding="utf-8"))
+    cells = {c.name: c for c in lower_source(description["source"], description["source_file"],
+                                             description["defines"])}
+    classes: dict[str, type[CellModel]] = {}
+    for spec in description["cells"]:
+        attributes = {
+            "_package": directory,
+            "_description": description,
+            "_spec": spec,
+            "cell": cells[spec["name"]],
+            "__doc__": f"The cell {spec['name']} of {description['source_file']} (compiled by cortexc).",
+            "__module__": description["package"],
+        }
+        classes[spec["name"]] = type(spec["name"], (CellModel,), attributes)
+    return classes

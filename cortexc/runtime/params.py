@@ -1,0 +1,64 @@
+"""Parameter initialisation (the `init` of each `param`) and loading with shape checks."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import numpy as np
+
+from cortexc.errors import InputError
+from cortexc.ir.cell import Cell, InitKind, ParamDecl
+
+
+def init_param(decl: ParamDecl, rng: np.random.Generator, dtype=np.float32) -> np.ndarray:
+    """One param as declared. Xavier is Glorot-uniform with fan_in = columns, fan_out = rows
+    (torch's `xavier_uniform_` on a `[out, in]` weight); a vector counts as `[n, 1]`."""
+    shape, init = decl.shape, decl.init
+    if init.kind == InitKind.ZEROS:
+        value = np.zeros(shape)
+    elif init.kind == InitKind.ONES:
+        value = np.ones(shape)
+    elif init.kind == InitKind.UNIFORM:
+        value = rng.uniform(init.args[0], init.args[1], size=shape)
+    elif init.kind == InitKind.NORMAL:
+        value = rng.normal(init.args[0], init.args[1], size=shape)
+    else:
+        fan_out, fan_in = (shape[0], shape[1]) if len(shape) == 2 else (shape[0], 1)
+        bound = np.sqrt(6.0 / (fan_in + fan_out))
+        value = rng.uniform(-bound, bound, size=shape)
+    return np.ascontiguousarray(value, dtype=dtype)
+
+
+def init_params(cell: Cell, seed: int | None = 0, dtype=np.float32) -> dict[str, np.ndarray]:
+    """Every param of the cell, initialised in declaration order from one seeded generator."""
+    rng = np.random.default_rng(seed)
+    return {decl.name: init_param(decl, rng, dtype) for decl in cell.params}
+
+
+def check_params(cell: Cell, params: Mapping[str, np.ndarray] | str | os.PathLike,
+                 partial: bool = False, dtype=np.float32) -> dict[str, np.ndarray]:
+    """Params by name (or an `.npz` path) as contiguous arrays, every shape checked.
+
+    With ``partial`` only the given names are checked (for `load_params` of a subset).
+    """
+    if isinstance(params, str | os.PathLike):
+        with np.load(params) as archive:
+            params = {name: archive[name] for name in archive.files}
+    declared = {decl.name: decl for decl in cell.params}
+    unknown = sorted(set(params) - set(declared))
+    if unknown:
+        raise InputError(f"cell {cell.name} has no param {', '.join(unknown)} "
+                         f"(its params: {', '.join(declared)})")
+    missing = [name for name in declared if name not in params]
+    if missing and not partial:
+        raise InputError(f"missing params for cell {cell.name}: {', '.join(missing)}")
+    checked = {}
+    for name, value in params.items():
+        array = np.asarray(value)
+        if array.shape != declared[name].shape:
+            raise InputError(f"param {name} must have shape {declared[name].shape}, got {array.shape}")
+        if not np.issubdtype(array.dtype, np.floating):
+            raise InputError(f"param {name} must be a float array, got dtype {array.dtype}")
+        checked[name] = np.ascontiguousarray(array, dtype=dtype)
+    return checked

@@ -1,0 +1,58 @@
+"""Checks of a forest and its inputs against a cell, before anything runs.
+
+Malformed input never reaches a kernel: row counts, dtypes and index ranges
+are checked here, vectorised, and the first offending node is named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from cortexc.errors import InputError
+from cortexc.ir.cell import Cell, Structure
+from cortexc.runtime.forest import Forest
+
+
+def check_forest(cell: Cell, forest: Forest) -> None:
+    if not isinstance(forest, Forest):
+        raise InputError(f"expected a cortexc.Forest, got {type(forest).__name__}")
+    forest.check_structure(is_dag=cell.structure == Structure.DAG, arity=cell.arity, cell_name=cell.name)
+
+
+def check_inputs(cell: Cell, forest: Forest, inputs: Mapping[str, object],
+                 dtype=np.float32) -> dict[str, np.ndarray]:
+    """The inputs as contiguous arrays: float ones as `dtype` `[N, X]`, index ones as int32 `[N]`."""
+    declared = {decl.name: decl for decl in cell.inputs}
+    unknown = sorted(set(inputs) - set(declared))
+    if unknown:
+        raise InputError(f"cell {cell.name} has no input {', '.join(repr(u) for u in unknown)} "
+                         f"(its inputs: {', '.join(declared) or 'none'})")
+    missing = [name for name in declared if name not in inputs]
+    if missing:
+        raise InputError(f"missing input {', '.join(repr(m) for m in missing)} for cell {cell.name}")
+    n = forest.num_nodes
+    checked: dict[str, np.ndarray] = {}
+    for name, decl in declared.items():
+        array = np.asarray(inputs[name])
+        if decl.is_index:
+            if array.shape != (n,):
+                raise InputError(f"input {name} must have shape ({n},) (one index per node), got {array.shape}")
+            if not np.issubdtype(array.dtype, np.integer):
+                raise InputError(f"input {name} is an index input and must be integers, got dtype {array.dtype}")
+            bad = np.flatnonzero((array < 0) | (array >= decl.index_range))
+            if bad.size:
+                node = int(bad[0])
+                raise InputError(f"input {name}: node {node} has index {int(array[node])}, outside "
+                                 f"[0, {decl.index_range}) ({bad.size} nodes out of range)")
+            checked[name] = np.ascontiguousarray(array, dtype=np.int32)
+        else:
+            expected = (n, *decl.shape)
+            if array.shape != expected:
+                raise InputError(f"input {name} must have shape {expected} (one row per node), "
+                                 f"got {array.shape}")
+            if not np.issubdtype(array.dtype, np.floating):
+                raise InputError(f"input {name} must be float32, got dtype {array.dtype}")
+            checked[name] = np.ascontiguousarray(array, dtype=dtype)
+    return checked

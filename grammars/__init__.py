@@ -1,0 +1,1 @@
+"""The Lark grammar of the `.cell` language, shipped as package data (`cortexc.grammars`)."""

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Set up a virtual environment with the test extras and run lint + the test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+python -m pip install -q -e '.[test]'
+ruff check cortexc tests grammars
+python -m pytest -q "$@"

@@ -1,0 +1,107 @@
+"""The command line: summaries, IR dumps, and exit status 1 with a located message on bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from cortexc.cli import main
+from tests.conftest import EXAMPLES, sst_path
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cortexc.cli", *args], capture_output=True, text=True)
+
+
+def test_check_prints_a_summary(capsys):
+    assert main(["check", str(EXAMPLES / "binary_treelstm.cell")]) == 0
+    out = capsys.readouterr().out
+    assert "cell BinaryTreeLSTM on tree(arity = 2)" in out
+    assert "V = 21701, X = 300, H = 150, C = 5" in out
+    assert "E[21701, 300]" in out and "6,510,300" in out and "normal(0.0, 0.1)" in out
+    assert "total" in out and "6,871,805" in out
+    assert "word : index[21701]" in out
+    assert "states   h[150], c[150]" in out
+    assert "outputs  logits[5]" in out
+
+
+def test_check_with_defines_changes_shapes(capsys):
+    assert main(["check", str(EXAMPLES / "treelstm.cell"), "-D", "H=256", "-D", "X=64"]) == 0
+    out = capsys.readouterr().out
+    assert "W_iou[768, 64]" in out and "U_f[256, 256]" in out
+
+
+def test_dump_ir_writes_every_stage(tmp_path):
+    assert main(["check", str(EXAMPLES / "lstm.cell"), "--dump-ir", str(tmp_path)]) == 0
+    dumped = sorted(p.name for p in tmp_path.iterdir())
+    assert dumped and dumped[0] == "LSTM.00-lower.ir"
+    assert "cell LSTM on tree(arity = 1)" in (tmp_path / dumped[0]).read_text()
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("cell A on tree { state h[2] node { h = x } }", "t.cell:1:40: error: unknown name 'x'"),
+        ("cell A on tree { state h[2] node { h = } }", "t.cell:1:40: error: unexpected '}'"),
+    ],
+)
+def test_check_reports_errors_with_exit_1_and_no_traceback(tmp_path, text, expected):
+    path = tmp_path / "t.cell"
+    path.write_text(text + "\n")
+    result = subprocess.run([sys.executable, "-m", "cortexc.cli", "check", "t.cell"], capture_output=True,
+                            text=True, cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.startswith(expected), result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[1] == text
+    column = int(expected.split(":")[2])
+    assert lines[2] == " " * (column - 1) + "^"
+
+
+def test_unknown_define_is_an_error():
+    result = run_cli("check", str(EXAMPLES / "treelstm.cell"), "-D", "Q=3")
+    assert result.returncode == 1
+    assert "no cell in" in result.stderr and "'Q'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("define", ["H", "H=", "H=-3", "H=0", "H=abc", "=4"])
+def test_malformed_define_is_an_error(define):
+    result = run_cli("check", str(EXAMPLES / "treelstm.cell"), "-D", define)
+    assert result.returncode == 1
+    assert "expected NAME=VALUE" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_file_is_an_error():
+    result = run_cli("check", "no/such/file.cell")
+    assert result.returncode == 1
+    assert "No such file" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_run_compares_compiled_and_eager_on_the_builtin_forest(capsys):
+    assert main(["run", str(EXAMPLES / "treernn.cell"), "--limit", "5", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "TreeRNN on built-in random forest: 5 trees" in out
+    assert "compiled (cpu)" in out and "eager (interp)" in out and "speed-up" in out
+    error = float(out.split("max |compiled - eager| / max |eager| = ")[1].split()[0])
+    assert error < 1e-5
+
+
+def test_run_on_sst_trees(capsys):
+    trees = sst_path("dev")
+    assert main(["run", str(EXAMPLES / "binary_treelstm.cell"), "-D", "H=16", "-D", "X=8",
+                 "--trees", str(trees), "--limit", "12"]) == 0
+    out = capsys.readouterr().out
+    assert "BinaryTreeLSTM on" in out and ": 12 trees" in out
+
+
+def test_run_rejects_a_forest_the_cell_cannot_take(tmp_path):
+    trees = tmp_path / "t.txt"
+    trees.write_text("(1 (2 a) (3 b) (4 c))\n")  # three children, arity 2
+    result = run_cli("run", str(EXAMPLES / "treernn.cell"), "--trees", str(trees))
+    assert result.returncode == 1
+    assert "3 children" in result.stderr and "Traceback" not in result.stderr
