@@ -18,6 +18,7 @@ from cortexc.frontend import lower_source
 from cortexc.ir.cell import Cell
 from cortexc.ir.printer import format_cell
 from cortexc.ir.verify import verify_cell
+from cortexc.passes.autodiff import autodiff
 from cortexc.passes.hoist import hoist
 from cortexc.passes.specialize import specialize
 
@@ -32,6 +33,7 @@ class Stage:
 PASSES: tuple[Stage, ...] = (
     Stage("specialize", specialize),
     Stage("hoist", hoist),
+    Stage("autodiff", autodiff),
 )
 
 

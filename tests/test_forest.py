@@ -605,9 +605,8 @@ def test_dtypes_and_accessors() -> None:
     assert forest.child_ptr.dtype == np.int64 and forest.child_idx.dtype == np.int64
     assert forest.parents.dtype == np.int64 and forest.roots.dtype == np.int64
     assert forest.labels.dtype == np.int32 and forest.level.dtype == np.int32
-    assert repr(forest) == (
-        f"Forest(num_trees=4, num_nodes={forest.num_nodes}, num_levels={forest.num_levels})"
-    )
+    expected = f"Forest(num_trees=4, num_nodes={forest.num_nodes}, num_levels={forest.num_levels})"
+    assert repr(forest) == expected
     with pytest.raises(IndexError):
         forest.children(forest.num_nodes)
     with pytest.raises(IndexError):

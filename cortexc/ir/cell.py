@@ -52,6 +52,7 @@ class BodyKind(enum.Enum):
     NODE = "node"  # nodes with children (or every node, before specialisation without a leaf block)
     OUTPUT = "output"  # a read-out after the recursion
     PRE = "pre"  # what `hoist` took out of NODE: computed for all internal nodes before the recursion
+    GRAD = "grad"  # a reverse body made by `autodiff`: recomputes its forward body, then its adjoints
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,27 @@ class Output:
 
 
 @dataclass(frozen=True)
+class Gradients:
+    """The reverse bodies `autodiff` adds, one per forward body.
+
+    Each recomputes its forward body for one node (from the saved states of
+    its children, its inputs and the params) and then propagates the
+    adjoints of the body's results, which it reads as `adjoint` values. Its
+    results are named ``d_param/W``, ``d_input/x`` (per node),
+    ``d_embed/E/w`` (the gradient of row ``w`` of ``E``), ``d_child/h``
+    (per child), ``d_child_at/k/h``, ``d_hoisted/pre0`` and, in outputs,
+    ``d_state/h``: what flows to the params, the inputs, the children, the
+    pre body and the node's own states. Param gradients are per node and
+    summed over the nodes by whoever runs the body.
+    """
+
+    leaf: Body
+    node: Body
+    pre: Body | None
+    outputs: tuple[Body, ...]
+
+
+@dataclass(frozen=True)
 class Cell:
     """One cell: declarations plus the leaf/node bodies and read-outs.
 
@@ -155,6 +177,7 @@ class Cell:
     leaf: Body | None = None
     outputs: tuple[Output, ...] = ()
     pre: Body | None = None
+    grads: Gradients | None = None
     source: str = ""  # the .cell file it came from, for messages
 
     def param(self, name: str) -> ParamDecl:

@@ -26,7 +26,7 @@ from cortexc.runtime.validate import check_forest, check_inputs
 class _Node:
     """What the rules of one node can see."""
 
-    __slots__ = ("index", "children", "states", "inputs", "params", "dtype", "hoisted")
+    __slots__ = ("index", "children", "states", "inputs", "params", "dtype", "hoisted", "adjoints")
 
     def __init__(self, index, children, states, inputs, params, dtype):
         self.index = index
@@ -36,6 +36,7 @@ class _Node:
         self.params = params
         self.dtype = dtype
         self.hoisted: dict[str, np.ndarray] = {}  # this node's results of the cell's `pre` body
+        self.adjoints: dict[str, np.ndarray] = {}  # incoming gradients, for gradient bodies
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -62,6 +63,8 @@ UNARY: dict[Op, Callable[[np.ndarray], np.ndarray]] = {
     Op.LOG: np.log,
     Op.ABS: np.abs,
     Op.SOFTPLUS: lambda x: np.logaddexp(0, x),
+    Op.STEP: lambda x: (x > 0).astype(x.dtype),
+    Op.SIGN: np.sign,
     Op.SOFTMAX: _softmax,
     Op.LOG_SOFTMAX: _log_softmax,
 }
@@ -70,6 +73,7 @@ BINARY: dict[Op, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     Op.SUB: np.subtract,
     Op.MUL: np.multiply,
     Op.DIV: np.divide,
+    Op.EQ: lambda a, b: np.equal(a, b).astype(np.result_type(a, b)),
 }
 
 
@@ -108,8 +112,29 @@ def eval_value(value: Value, args: list[np.ndarray], arg_values: list[Value], no
         if k < len(node.children):
             return node.states[value.name][node.children[k]]
         return np.zeros(value.shape, node.dtype)
+    if op == Op.HOISTED:
+        return node.hoisted[value.name]
+    if op == Op.ADJOINT:
+        return node.adjoints[value.name]
+    if op == Op.NUM_CHILDREN:
+        return np.asarray(len(node.children), node.dtype)
+    if op == Op.TRANSPOSE:
+        return np.swapaxes(args[0], -1, -2)
+    if op == Op.OUTER:
+        a, b = args
+        return a[..., :, None] * b[..., None, :]
+    if op == Op.ROWSUM:
+        rank = len(arg_values[0].shape)
+        return args[0].sum(axis=tuple(range(-rank, 0))) if rank else args[0]
+    if op == Op.PAD:
+        lo, rank = value.attr("lo"), len(value.shape)
+        shape = args[0].shape[: args[0].ndim - rank] + value.shape
+        padded = np.zeros(shape, node.dtype)
+        window = (Ellipsis, slice(lo, lo + arg_values[0].shape[0])) + (slice(None),) * (rank - 1)
+        padded[window] = args[0]
+        return padded
     if op == Op.CONST:
-        return np.asarray(value.attr("value"), node.dtype)
+        return np.full(value.shape, value.attr("value"), node.dtype)
     if op in BINARY:
         rank = len(value.shape)
         a, b = (_batched(x, v, rank) for x, v in zip(args, arg_values))
@@ -122,7 +147,10 @@ def eval_value(value: Value, args: list[np.ndarray], arg_values: list[Value], no
             return np.matmul(a, b[..., None])[..., 0]
         return np.matmul(a, b)
     if op == Op.SLICE:
-        return args[0][..., value.attr("lo"):value.attr("hi")]
+        window = slice(value.attr("lo"), value.attr("hi"))
+        if len(value.shape) == 2:  # rows of a matrix (made by autodiff for concat)
+            return args[0][..., window, :]
+        return args[0][..., window]
     if op == Op.CONCAT:
         axis = -1 if len(value.shape) == 1 else -2
         if value.domain == Domain.CHILD:
@@ -189,3 +217,77 @@ def _readout(body: Body, rows: np.ndarray, states, inputs, params, dtype) -> np.
         node = _Node(int(index), np.zeros(0, np.int64), states, inputs, params, dtype)
         result[i] = eval_body(body, node)[body.results[0][1]]
     return result
+
+
+def backward(cell: Cell, forest: Forest, params: Mapping[str, np.ndarray], inputs: Mapping[str, object],
+             states: Mapping[str, np.ndarray], upstream: Mapping[str, np.ndarray],
+             dtype=np.float32) -> dict[str, np.ndarray]:
+    """Gradients of every param and float input, one node at a time, parents before children.
+
+    `cell` must carry `grads` (the `autodiff` pass); `states` are the forward's
+    states (what the forward with ``grad=True`` keeps); `upstream` maps states
+    and outputs to their incoming gradients (`[N, ...]`, or `[num_roots, ...]`
+    for outputs at the roots). Index inputs get none; an embedding table gets
+    the sum of the gradients of the rows that were looked up.
+    """
+    if cell.grads is None:
+        raise ValueError("backward needs a cell with gradient bodies (the autodiff pass)")
+    check_forest(cell, forest)
+    inputs = check_inputs(cell, forest, inputs, dtype)
+    params = check_params(cell, params, dtype=dtype)
+    n = forest.num_nodes
+    d_states = {s.name: np.zeros((n, *s.shape), dtype) for s in cell.states}
+    for name, grad in upstream.items():
+        if name in d_states:
+            d_states[name] += grad
+    grads: dict[str, np.ndarray] = {p.name: np.zeros(p.shape, dtype) for p in cell.params}
+    grads.update({i.name: np.zeros((n, *i.shape), dtype) for i in cell.inputs if not i.is_index})
+
+    def accumulate(node: _Node, values: list[np.ndarray], body: Body) -> dict[str, np.ndarray]:
+        """Send a gradient body's per-node results where they belong; returns the hoisted ones."""
+        hoisted = {}
+        for name, index in body.results:
+            kind, *rest = name.split("/")
+            value = values[index]
+            if kind == "d_param":
+                grads[rest[0]] += value
+            elif kind == "d_input":
+                grads[rest[0]][node.index] += value
+            elif kind == "d_embed":
+                table, row = rest
+                grads[table][node.inputs[row][node.index]] += value
+            elif kind == "d_state":
+                d_states[rest[0]][node.index] += value
+            elif kind == "d_child":
+                np.add.at(d_states[rest[0]], node.children, value)
+            elif kind == "d_child_at":
+                k = int(rest[0])
+                if k < len(node.children):
+                    d_states[rest[1]][node.children[k]] += value
+            elif kind == "d_hoisted":
+                hoisted[rest[0]] = value
+        return hoisted
+
+    for output, grad_body in zip(cell.outputs, cell.grads.outputs):
+        if output.name not in upstream:
+            continue
+        rows = np.asarray(forest.roots if output.at_root else np.arange(n), dtype=np.int64)
+        for position, index in enumerate(rows):
+            node = _Node(int(index), np.zeros(0, np.int64), states, inputs, params, dtype)
+            node.adjoints = {output.name: np.asarray(upstream[output.name][position], dtype)}
+            accumulate(node, eval_body(grad_body, node), grad_body)
+
+    for index in forest.level_order[::-1]:
+        children = forest.children(int(index))
+        leaf = len(children) == 0
+        body, grad_body = (cell.leaf, cell.grads.leaf) if leaf else (cell.node, cell.grads.node)
+        node = _Node(int(index), children, states, inputs, params, dtype)
+        if not leaf and cell.pre is not None:
+            pre_values = eval_body(cell.pre, node)
+            node.hoisted = {name: pre_values[result] for name, result in cell.pre.results}
+        node.adjoints = {name: d_states[name][index] for name, _ in body.results}
+        hoisted = accumulate(node, eval_body(grad_body, node), grad_body)
+        if hoisted:
+            node.adjoints = hoisted
+            accumulate(node, eval_body(cell.grads.pre, node), cell.grads.pre)
+    return grads

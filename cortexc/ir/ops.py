@@ -44,6 +44,16 @@ class Op(enum.Enum):
     SLICE = "slice"  # attrs: lo, hi; of a vector
     CONCAT = "concat"  # vectors end to end, matrices stacked by rows
     EMBED = "embed"  # args: param matrix, index input -> row
+    # derivatives (made by `autodiff`, never written by users)
+    ADJOINT = "adjoint"  # attrs: name; the incoming gradient of the body's result `name` for this node
+    NUM_CHILDREN = "num_children"  # the node's number of children, as a float scalar
+    TRANSPOSE = "transpose"  # [M, K] -> [K, M]
+    OUTER = "outer"  # [M], [K] -> [M, K]
+    STEP = "step"  # 1 where x > 0, else 0 (relu')
+    SIGN = "sign"  # -1, 0 or 1 (abs')
+    EQ = "eq"  # 1 where a == b, else 0 (which children hold a max)
+    ROWSUM = "rowsum"  # sum of every element -> scalar
+    PAD = "pad"  # attrs: lo, size; a slice put back in place, zeros elsewhere
     # children
     EXPAND = "expand"  # NODE/PARAM value -> the same value once per child
     SUM = "sum"  # CHILD -> NODE reductions over the children (0 with no child)
@@ -63,16 +73,17 @@ class Domain(enum.IntEnum):
 
 
 LEAF_OPS = frozenset(
-    {Op.PARAM, Op.INPUT, Op.STATE, Op.CHILD_STATE, Op.CHILD_STATE_AT, Op.HOISTED, Op.CONST}
+    {Op.PARAM, Op.INPUT, Op.STATE, Op.CHILD_STATE, Op.CHILD_STATE_AT, Op.HOISTED, Op.CONST, Op.ADJOINT,
+     Op.NUM_CHILDREN}
 )
-BINARY_OPS = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV})
+BINARY_OPS = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.EQ})
 UNARY_OPS = frozenset(
-    {Op.NEG, Op.SIGMOID, Op.TANH, Op.RELU, Op.EXP, Op.LOG, Op.ABS, Op.SOFTPLUS}
+    {Op.NEG, Op.SIGMOID, Op.TANH, Op.RELU, Op.EXP, Op.LOG, Op.ABS, Op.SOFTPLUS, Op.STEP, Op.SIGN}
 )
 ELEMENTWISE_OPS = BINARY_OPS | UNARY_OPS
 VECTOR_OPS = frozenset({Op.SOFTMAX, Op.LOG_SOFTMAX})
 REDUCE_OPS = frozenset({Op.SUM, Op.MEAN, Op.MAX})
-CHILD_READ_OPS = frozenset({Op.CHILD_STATE, Op.CHILD_STATE_AT})
+CHILD_READ_OPS = frozenset({Op.CHILD_STATE, Op.CHILD_STATE_AT, Op.NUM_CHILDREN})
 
 #: surface names of the built-in functions, as written in a `.cell` file
 UNARY_FUNCTIONS = {
@@ -133,8 +144,15 @@ def concat_shape(shapes: list[Shape]) -> Shape:
 
 
 def slice_shape(shape: Shape, lo: int, hi: int) -> Shape:
-    if len(shape) != 1:
+    """A vector's elements lo:hi, or a matrix's rows lo:hi (the latter only made by autodiff)."""
+    if len(shape) not in (1, 2):
         raise ShapeError(f"only vectors can be sliced, not {fmt_shape(shape)}")
     if not 0 <= lo < hi <= shape[0]:
         raise ShapeError(f"slice [{lo}:{hi}] is out of range for a vector of {shape[0]}")
-    return (hi - lo,)
+    return (hi - lo, *shape[1:])
+
+
+def pad_shape(shape: Shape, lo: int, size: int) -> Shape:
+    if len(shape) not in (1, 2) or not 0 <= lo <= size - shape[0]:
+        raise ShapeError(f"cannot place {fmt_shape(shape)} at {lo} in {size}")
+    return (size, *shape[1:])

@@ -55,6 +55,16 @@ def format_cell(cell: Cell) -> str:
     for out in cell.outputs:
         where = " at root" if out.at_root else ""
         lines += format_body(f"output {out.name}{fmt_shape(out.shape)}{where}", out.body)
+    if cell.grads is not None:
+        lines.append("  # backward: the forward keeps every state of every node; each gradient body")
+        lines.append("  # recomputes its node's forward values from those, then runs the adjoints")
+        grads = cell.grads
+        if grads.pre is not None:
+            lines += format_body("grad pre", grads.pre)
+        lines += format_body("grad leaf", grads.leaf)
+        lines += format_body("grad node", grads.node)
+        for out, body in zip(cell.outputs, grads.outputs):
+            lines += format_body(f"grad output {out.name}", body)
     lines.append("}")
     return "\n".join(lines) + "\n"
 

@@ -20,6 +20,7 @@ from cortexc.ir.ops import (
     broadcast_shape,
     concat_shape,
     matmul_shape,
+    pad_shape,
     slice_shape,
 )
 from cortexc.ir.printer import format_value
@@ -37,6 +38,8 @@ def verify_cell(cell: Cell, stage: str = "") -> Cell:
     if cell.leaf is not None:
         _verify_body(cell, cell.leaf, BodyKind.LEAF, f"{cell.name}.leaf{where}")
     _verify_body(cell, cell.node, BodyKind.NODE, f"{cell.name}.node{where}")
+    if cell.grads is not None:
+        _verify_grads(cell, where)
     for out in cell.outputs:
         _verify_body(cell, out.body, BodyKind.OUTPUT, f"{cell.name}.output {out.name}{where}")
         if out.body.results != ((out.name, out.body.result(out.name)),):
@@ -48,19 +51,70 @@ def verify_cell(cell: Cell, stage: str = "") -> Cell:
     return cell
 
 
-def _verify_body(cell: Cell, body: Body, kind: BodyKind, where: str) -> None:
+def _verify_grads(cell: Cell, where: str) -> None:
+    grads = cell.grads
+    pairs = [(grads.leaf, cell.leaf, BodyKind.LEAF, "leaf"), (grads.node, cell.node, BodyKind.NODE, "node")]
+    if grads.pre is not None:
+        pairs.append((grads.pre, cell.pre, BodyKind.PRE, "pre"))
+    pairs += [(g, o.body, BodyKind.OUTPUT, f"output {o.name}") for g, o in zip(grads.outputs, cell.outputs)]
+    for grad, forward, role, name in pairs:
+        label = f"{cell.name}.grad {name}{where}"
+        _verify_body(cell, grad, BodyKind.GRAD, label, role)
+        for value in grad.values:
+            if value.op == Op.ADJOINT and value.name not in dict(forward.results):
+                raise IRVerifyError(f"{label}: adjoint of {value.name}, which the forward body does not produce")
+        for result_name, index in grad.results:
+            _verify_grad_result(cell, result_name, grad.values[index], label)
+
+
+def _grad_result_shape(cell: Cell, name: str) -> tuple[tuple[int, ...], set[Domain]]:
+    kind, *rest = name.split("/")
+    per_node = {Domain.NODE, Domain.PARAM}
+    if kind == "d_param":
+        return cell.param(rest[0]).shape, per_node
+    if kind == "d_input":
+        return cell.input(rest[0]).shape, per_node
+    if kind == "d_embed":
+        return (cell.param(rest[0]).shape[1],), per_node
+    if kind == "d_child":
+        return cell.state(rest[0]).shape, {Domain.CHILD}
+    if kind == "d_child_at":
+        return cell.state(rest[1]).shape, per_node
+    if kind == "d_state":
+        return cell.state(rest[0]).shape, per_node
+    if kind == "d_hoisted":
+        pre = cell.pre.values[cell.pre.result(rest[0])]
+        return pre.shape, per_node
+    raise KeyError(name)
+
+
+def _verify_grad_result(cell: Cell, name: str, value: Value, where: str) -> None:
+    try:
+        shape, domains = _grad_result_shape(cell, name)
+    except (KeyError, IndexError, AttributeError):
+        raise IRVerifyError(f"{where}: unknown gradient result {name}") from None
+    if value.shape != shape or value.domain not in domains:
+        raise IRVerifyError(f"{where}: gradient {name} has shape {value.shape} {value.domain.name}, "
+                            f"expected {shape}")
+
+
+def _verify_body(cell: Cell, body: Body, kind: BodyKind, where: str, role: BodyKind | None = None) -> None:
+    """`role` is the forward body a GRAD body reverses: it decides what the body may read."""
     if body.kind != kind:
         raise IRVerifyError(f"{where}: body kind {body.kind} where {kind} was expected")
+    role = role or kind
     for index, value in enumerate(body.values):
         try:
-            _verify_value(cell, body, index, value)
+            _verify_value(cell, body, index, value, role)
         except (ShapeError, KeyError, IRVerifyError) as err:
             raise IRVerifyError(f"{where}: {err}\n    {format_value(index, value)}") from None
     for name, index in body.results:
         if not 0 <= index < len(body.values):
             raise IRVerifyError(f"{where}: result {name} refers to missing value %{index}")
-        if body.values[index].domain == Domain.CHILD:
+        if body.values[index].domain == Domain.CHILD and kind != BodyKind.GRAD:
             raise IRVerifyError(f"{where}: result {name} is per-child")
+    if kind == BodyKind.GRAD:
+        return
     if kind == BodyKind.PRE:
         for name, index in body.results:
             _expect(body.values[index].domain == Domain.NODE, f"pre result {name} is not per-node")
@@ -83,7 +137,7 @@ def _expect(condition: bool, message: str) -> None:
         raise IRVerifyError(message)
 
 
-def _verify_value(cell: Cell, body: Body, index: int, value: Value) -> None:
+def _verify_value(cell: Cell, body: Body, index: int, value: Value, role: BodyKind) -> None:
     for arg in value.args:
         _expect(0 <= arg < index, f"argument %{arg} is not an earlier value")
     args = [body.values[a] for a in value.args]
@@ -100,18 +154,34 @@ def _verify_value(cell: Cell, body: Body, index: int, value: Value) -> None:
         shape, domain = decl.shape, Domain.NODE
         _expect(value.dtype == (DType.I32 if decl.is_index else DType.F32), "input dtype differs from its decl")
     elif op == Op.STATE:
-        _expect(body.kind == BodyKind.OUTPUT, "a node's own state is read only by outputs")
+        _expect(role == BodyKind.OUTPUT, "a node's own state is read only by outputs")
         shape, domain = cell.state(value.name).shape, Domain.NODE
     elif op in (Op.CHILD_STATE, Op.CHILD_STATE_AT):
-        _expect(body.kind == BodyKind.NODE, "children are read only in node bodies")
+        _expect(role == BodyKind.NODE, "children are read only in node bodies")
         shape = cell.state(value.name).shape
         domain = Domain.CHILD if op == Op.CHILD_STATE else Domain.NODE
         if op == Op.CHILD_STATE_AT:
             _expect(cell.arity is not None and 0 <= value.attr("k") < cell.arity, "child index out of arity")
     elif op == Op.HOISTED:
-        _expect(body.kind == BodyKind.NODE and cell.pre is not None, "hoisted values are read by node bodies")
+        _expect(role == BodyKind.NODE and cell.pre is not None, "hoisted values are read by node bodies")
         pre_value = cell.pre.values[cell.pre.result(value.name)]
         shape, domain = pre_value.shape, Domain.NODE
+    elif op == Op.ADJOINT:
+        _expect(body.kind == BodyKind.GRAD, "adjoints are read only by gradient bodies")
+        shape, domain = value.shape, Domain.NODE
+    elif op == Op.NUM_CHILDREN:
+        _expect(role == BodyKind.NODE, "the number of children is read only in node bodies")
+        shape, domain = (), Domain.NODE
+    elif op == Op.TRANSPOSE:
+        _expect(len(args[0].shape) == 2, "transpose needs a matrix")
+        shape, domain = (args[0].shape[1], args[0].shape[0]), args[0].domain
+    elif op == Op.OUTER:
+        _expect(len(args[0].shape) == 1 and len(args[1].shape) == 1, "outer needs two vectors")
+        shape, domain = (args[0].shape[0], args[1].shape[0]), max(args[0].domain, args[1].domain)
+    elif op == Op.ROWSUM:
+        shape, domain = (), args[0].domain
+    elif op == Op.PAD:
+        shape, domain = pad_shape(args[0].shape, value.attr("lo"), value.attr("size")), args[0].domain
     elif op == Op.CONST:
         _expect(isinstance(value.attr("value"), float), "a constant must be a float")
         shape, domain = value.shape, Domain.PARAM  # a scalar, or a filled vector/matrix
@@ -137,7 +207,7 @@ def _verify_value(cell: Cell, body: Body, index: int, value: Value) -> None:
         shape, domain = args[0].shape, Domain.CHILD
     elif op in REDUCE_OPS:
         _expect(args[0].domain == Domain.CHILD, "a reduction needs a per-child argument")
-        _expect(body.kind == BodyKind.NODE, "reductions over children happen only in node bodies")
+        _expect(role == BodyKind.NODE, "reductions over children happen only in node bodies")
         shape, domain = args[0].shape, Domain.NODE
     else:  # pragma: no cover - every op is listed above
         raise IRVerifyError(f"unknown op {op}")
@@ -152,4 +222,5 @@ _ARG_COUNT = {
     Op.PARAM: 0, Op.INPUT: 0, Op.STATE: 0, Op.HOISTED: 0, Op.CHILD_STATE: 0, Op.CHILD_STATE_AT: 0, Op.CONST: 0,
     **{op: 2 for op in BINARY_OPS}, **{op: 1 for op in UNARY_OPS}, **{op: 1 for op in VECTOR_OPS},
     Op.MATMUL: 2, Op.SLICE: 1, Op.EMBED: 2, Op.EXPAND: 1, **{op: 1 for op in REDUCE_OPS},
+    Op.ADJOINT: 0, Op.NUM_CHILDREN: 0, Op.TRANSPOSE: 1, Op.OUTER: 2, Op.ROWSUM: 1, Op.PAD: 1,
 }

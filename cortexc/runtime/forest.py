@@ -251,10 +251,7 @@ class Forest:
 
     def __repr__(self) -> str:
         kind = "" if self.is_tree else ", dag"
-        return (
-            f"Forest(num_trees={self.num_trees}, num_nodes={self.num_nodes}, "
-            f"num_levels={self.num_levels}{kind})"
-        )
+        return f"Forest(num_trees={self.num_trees}, num_nodes={self.num_nodes}, num_levels={self.num_levels}{kind})"
 
     def children(self, node: int) -> np.ndarray:
         """The children of ``node`` in order (a read-only view)."""
@@ -296,9 +293,7 @@ class Forest:
         if arity is not None and self.max_children > arity:
             node = int(np.flatnonzero(self.num_children > arity)[0])
             owner = f"cell {cell_name}'s" if cell_name else "the cell's"
-            raise ForestError(
-                f"node {node} has {int(self.num_children[node])} children but {owner} arity is {arity}"
-            )
+            raise ForestError(f"node {node} has {int(self.num_children[node])} children but {owner} arity is {arity}")
 
     # ---------------------------------------------------------- constructors
 
@@ -416,9 +411,7 @@ class Forest:
             item, num_kids = stack.pop()
             if num_kids is None and isinstance(item, (list, tuple)) and len(item) > 0:
                 if id(item) in on_path:
-                    raise ForestError(
-                        f"nested tree contains itself (a {type(item).__name__} inside its own items)"
-                    )
+                    raise ForestError(f"nested tree contains itself (a {type(item).__name__} inside its own items)")
                 on_path.add(id(item))
                 kids = tuple(item)
                 stack.append((item, len(kids)))
@@ -477,7 +470,7 @@ class Forest:
             return cls.from_ptb(handle)
 
     @classmethod
-    def from_ptb(cls, lines: Iterable[str] | str) -> Forest:
+    def from_ptb(cls, lines: Iterable[str] | str | bytes) -> Forest:
         """Trees in PTB bracket format, one per line (SST: ``(3 (2 It) (4 ...))``).
 
         ``lines`` is an iterable of lines (an open file) or one string holding
@@ -489,6 +482,8 @@ class Forest:
         order, so each tree's root is its last node. Malformed input raises
         ForestError naming the (1-based) line and column.
         """
+        if isinstance(lines, bytes):
+            lines = lines.decode("utf-8")
         if isinstance(lines, str):
             lines = lines.split("\n")
         rows: list[str] = []
@@ -736,11 +731,12 @@ def _parse_ptb(text: str) -> Forest:
     last = np.ones(num_tokens, dtype=bool)
     last[:-1] = first[1:]
     delta = (kind == _OPEN).astype(np.int64) - (kind == _CLOSE).astype(np.int64)
+    # Bracket depth counted from the start of the text. Up to the first
+    # unbalanced line every line starts at depth 0, so it is the depth within
+    # the line wherever it matters: at the first error reported, and
+    # everywhere when there is no error.
     depth_after = np.cumsum(delta)
     depth_before = depth_after - delta
-    line_start = np.maximum.accumulate(np.where(first, np.arange(num_tokens), 0))
-    rel_before = depth_before - depth_before[line_start]  # depth within the line
-    rel_after = rel_before + delta
     prev_kind = np.empty(num_tokens, dtype=np.int8)
     prev_kind[0] = _NONE
     prev_kind[1:] = kind[:-1]
@@ -766,15 +762,15 @@ def _parse_ptb(text: str) -> Forest:
             lambda t: f"text outside brackets: {token_text(t)}",
         ),
         (
-            (kind == _CLOSE) & (rel_after < 0),
+            (kind == _CLOSE) & (depth_after < 0),
             lambda t: "unbalanced brackets: ')' closes nothing",
         ),
         (
-            ~first & (rel_before == 0) & (kind == _OPEN),
+            ~first & (depth_before == 0) & (kind == _OPEN),
             lambda t: "a second tree starts on the line (one tree per line)",
         ),
         (
-            ~first & (rel_before == 0) & (kind == _ATOM),
+            ~first & (depth_before == 0) & (kind == _ATOM),
             lambda t: f"text outside brackets after the tree: {token_text(t)}",
         ),
         (
@@ -794,7 +790,7 @@ def _parse_ptb(text: str) -> Forest:
             lambda t: f"leaf has more than one word: {token_text(t - 1)} then {token_text(t)}",
         ),
         (
-            is_atom & ~is_label & ~is_word & (prev_kind == _CLOSE) & (rel_before > 0),
+            is_atom & ~is_label & ~is_word & (prev_kind == _CLOSE) & (depth_before > 0),
             lambda t: f"word {token_text(t)} after a child node (a node has a word or children)",
         ),
         (
@@ -802,8 +798,8 @@ def _parse_ptb(text: str) -> Forest:
             lambda t: f"word {token_text(t)} followed by a child node (a node has a word or children)",
         ),
         (
-            last & (rel_after > 0),
-            lambda t: f"unbalanced brackets: {int(rel_after[t])} '(' not closed by the end of the line",
+            last & (depth_after > 0),
+            lambda t: f"unbalanced brackets: {int(depth_after[t])} '(' not closed by the end of the line",
         ),
     ]
     worst: tuple[int, int] | None = None
@@ -820,12 +816,11 @@ def _parse_ptb(text: str) -> Forest:
     label_tok = np.flatnonzero(is_label)
     label_text = atom_objects[atom_rank[label_tok]]
     try:
-        label_values = label_text.astype(np.int64)
+        label_values = label_text.astype(np.int64)  # int() on each label, in C
+        labels_ok = not np.any((label_values < _INT32_MIN) | (label_values > _INT32_MAX))
     except (ValueError, OverflowError):
-        label_values = None
-    if label_values is not None:
-        out_of_range = (label_values < _INT32_MIN) | (label_values > _INT32_MAX)
-    if label_values is None or out_of_range.any():
+        labels_ok = False
+    if not labels_ok:  # find the first bad label to report it
         for k, value in enumerate(label_text.tolist()):
             try:
                 number = int(value)
@@ -840,14 +835,14 @@ def _parse_ptb(text: str) -> Forest:
 
     # Pair brackets: within one depth, opens and closes alternate in position order.
     bracket_tok = np.flatnonzero(~is_atom)
-    bracket_depth = np.where(kind[bracket_tok] == _OPEN, rel_after[bracket_tok], rel_before[bracket_tok])
+    bracket_depth = np.where(kind[bracket_tok] == _OPEN, depth_after[bracket_tok], depth_before[bracket_tok])
     pairs = bracket_tok[np.lexsort((bracket_tok, bracket_depth))].reshape(-1, 2)
     close_rank = np.cumsum(kind == _CLOSE) - 1
     node_of_token = np.full(num_tokens, -1, dtype=np.int64)
     node_of_token[pairs[:, 0]] = close_rank[pairs[:, 1]]
 
     open_tok = np.flatnonzero(kind == _OPEN)  # label_tok == open_tok + 1, same order
-    open_depth = rel_after[open_tok]
+    open_depth = depth_after[open_tok]
     stride = num_tokens + 1
     keys = open_depth * stride + open_tok
     key_order = np.argsort(keys)

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from cortexc.errors import CortexcError
+from cortexc.errors import CortexcError, InputError
 from cortexc.ir import interp
 from cortexc.ir.cell import Cell
 from cortexc.runtime.forest import Forest
@@ -24,6 +24,12 @@ from cortexc.runtime.params import check_params, init_params
 from cortexc.runtime.validate import check_forest, check_inputs
 
 DEVICES = ("cpu", "interp", "cuda")
+
+
+class Outputs(dict):
+    """A model's results by name; with ``grad=True`` it also carries what `backward` needs."""
+
+    saved: tuple | None = None
 
 
 class CellModel:
@@ -61,17 +67,43 @@ class CellModel:
         np.savez(path, **self._params)
 
     # --- running ----------------------------------------------------------------
-    def __call__(self, forest: Forest, grad: bool = False, **inputs: Any) -> dict[str, np.ndarray]:
-        """States `[N, ...]` in the forest's node order and every output, for the whole forest."""
-        if grad:
-            raise CortexcError("grad=True needs the autodiff pass, which this build does not have yet")
+    def __call__(self, forest: Forest, grad: bool = False, **inputs: Any) -> Outputs:
+        """States `[N, ...]` in the forest's node order and every output, for the whole forest.
+
+        With ``grad=True`` the result also keeps what `backward` needs (the
+        forest, the inputs and every state; the rest is recomputed).
+        """
         check_forest(self.cell, forest)
         checked = check_inputs(self.cell, forest, inputs)
         if self.device == "interp":
-            return interp.run(self.cell, forest, self._params, checked)
-        from cortexc.runtime.linearize import linearize
+            out = interp.run(self.cell, forest, self._params, checked)
+        else:
+            from cortexc.runtime.linearize import linearize
 
-        return self._cpu().forward(linearize(forest), checked)
+            out = self._cpu().forward(linearize(forest), checked)
+        result = Outputs(out)
+        if grad:
+            result.saved = (forest, checked, {s.name: out[s.name] for s in self.cell.states})
+        return result
+
+    def backward(self, out: Outputs, upstream: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Gradients of every param and every float input, given upstream gradients of outputs/states."""
+        saved = getattr(out, "saved", None)
+        if saved is None:
+            raise CortexcError("backward needs the result of model(forest, grad=True, ...)")
+        forest, inputs, states = saved
+        checked = {}
+        for name, grad in upstream.items():
+            if name not in out:
+                known = ", ".join(out)
+                raise InputError(f"no output or state named {name!r} to take a gradient of (there are: {known})")
+            array = np.asarray(grad)
+            if array.shape != out[name].shape:
+                raise InputError(f"the gradient of {name} must have shape {out[name].shape}, got {array.shape}")
+            checked[name] = np.ascontiguousarray(array, dtype=np.float32)
+        if self.device != "interp":
+            raise CortexcError("the compiled backward is not built yet: run training models with device='interp'")
+        return interp.backward(self.cell, forest, self._params, inputs, states, checked)
 
     def _cpu(self):
         if self._executor is None:
@@ -101,12 +133,12 @@ def _frozen(params: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def load_package(directory: str | os.PathLike) -> dict[str, type[CellModel]]:
     """The model classes of a generated package, by cell name."""
-    from cortexc.frontend import lower_source
+    from cortexc.pipeline import compile_source
 
     directory = Path(directory)
     description = json.loads((directory / "cell.json").read_text(encoding="utf-8"))
-    cells = {c.name: c for c in lower_source(description["source"], description["source_file"],
-                                             description["defines"])}
+    cells = {c.name: c for c in compile_source(description["source"], description["source_file"],
+                                               description["defines"])}
     classes: dict[str, type[CellModel]] = {}
     for spec in description["cells"]:
         attributes = {

@@ -1,0 +1,221 @@
+"""Reverse-mode autodiff: a reverse body for every forward body of the cell.
+
+Requires: a verified, specialised cell (hoisting optional). Guarantees:
+``cell.grads`` holds, for the leaf, node, pre and every output body, a GRAD
+body that first recomputes the forward body and then the adjoints of every
+value, in reverse order, from the `adjoint` of each result (the incoming
+gradient of that state / output / hoisted row for this node).
+
+What the forward saves and what is recomputed: the forward with
+``grad=True`` keeps every state of every node (they are the recursion's
+carried values, needed anyway); everything else a node computed (gates,
+products) is recomputed in the backward sweep from its children's saved
+states, which costs one more forward but no memory per intermediate.
+
+The rules, one per op (``g`` is the adjoint of ``y = op(args)``):
+
+* ``a + b``: g, g; ``a - b``: g, -g; ``a * b``: g*b, g*a; ``a / b``: g/b, -g*y/b
+* ``sigmoid``: g*y*(1-y); ``tanh``: g*(1-y*y); ``relu``: g*step(a); ``exp``: g*y;
+  ``log``: g/a; ``abs``: g*sign(a); ``softplus``: g*sigmoid(a)
+* ``softmax``: y*(g - rowsum(g*y)); ``log_softmax``: g - exp(y)*rowsum(g)
+* ``W @ x``: outer(g, x) to W, transpose(W) @ g to x; ``A @ B``: g @ transpose(B), transpose(A) @ g
+* slices: pad(g) back in place; ``concat``: the slices of g; ``E[w]``: g to row w of E
+* ``expand``: sum over the children; ``sum``: expand(g); ``mean``: expand(g / num_children);
+  ``max``: expand(g) where the child equals the max (every tied child gets it)
+* a per-node operand of a per-child op gets the sum over the children of its adjoint;
+  a scalar operand of a vector op gets the sum of the elements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from cortexc.frontend.lower import BodyBuilder
+from cortexc.ir.cell import Body, BodyKind, Cell, DType, Gradients, Value
+from cortexc.ir.ops import (
+    Domain,
+    Op,
+    broadcast_shape,
+    matmul_shape,
+    pad_shape,
+    slice_shape,
+)
+
+
+def autodiff(cell: Cell) -> Cell:
+    if cell.leaf is None:
+        raise ValueError("autodiff needs a specialised cell (run `specialize` first)")
+    grads = Gradients(
+        leaf=grad_body(cell.leaf),
+        node=grad_body(cell.node),
+        pre=grad_body(cell.pre) if cell.pre is not None else None,
+        outputs=tuple(grad_body(out.body) for out in cell.outputs),
+    )
+    return replace(cell, grads=grads)
+
+
+class _Reverse:
+    """Builds one GRAD body: the forward values, then adjoints accumulated per value."""
+
+    def __init__(self, forward: Body):
+        self.forward = forward
+        self.b = BodyBuilder()
+        self.copy: list[int] = []  # forward value index -> index in the new body
+        self.adjoint: dict[int, int] = {}  # forward value index -> adjoint value in the new body
+        self.results: dict[str, int] = {}
+
+    # --- building blocks -----------------------------------------------------
+    def v(self, index: int) -> Value:
+        return self.b.values[index]
+
+    def op(self, op: Op, *args: int, shape=None, domain=None, attrs=()) -> int:
+        values = [self.v(a) for a in args]
+        if shape is None:
+            shape = values[0].shape
+            for other in values[1:]:
+                shape = broadcast_shape(shape, other.shape)
+        if domain is None:
+            domain = max((v.domain for v in values), default=Domain.PARAM)
+        return self.b.add(op, args, shape, domain, attrs)
+
+    def const(self, number: float) -> int:
+        return self.b.add(Op.CONST, (), (), Domain.PARAM, (("value", number),))
+
+    def add_result(self, name: str, g: int) -> None:
+        if name in self.results:
+            self.results[name] = self.op(Op.ADD, self.results[name], g)
+        else:
+            self.results[name] = g
+
+    def contribute(self, forward_arg: int, g: int) -> None:
+        """Add `g` to the adjoint of a forward value, reducing broadcast axes first."""
+        target = self.forward.values[forward_arg]
+        if target.dtype != DType.F32 or target.op == Op.CONST:
+            return
+        if self.v(g).domain == Domain.CHILD and target.domain != Domain.CHILD:
+            g = self.op(Op.SUM, g, domain=Domain.NODE)
+        if not target.shape and self.v(g).shape:
+            g = self.op(Op.ROWSUM, g, shape=())
+        if forward_arg in self.adjoint:
+            self.adjoint[forward_arg] = self.op(Op.ADD, self.adjoint[forward_arg], g)
+        else:
+            self.adjoint[forward_arg] = g
+
+    # --- the pass ---------------------------------------------------------------
+    def run(self) -> Body:
+        for value in self.forward.values:
+            args = tuple(self.copy[a] for a in value.args)
+            self.copy.append(self.b.add(value.op, args, value.shape, value.domain, value.attrs, value.dtype,
+                                        loc=value.loc))
+        for name, index in self.forward.results:
+            value = self.forward.values[index]
+            seed = self.b.add(Op.ADJOINT, (), value.shape, Domain.NODE, (("name", name),))
+            self.contribute(index, seed)
+        for index in reversed(range(len(self.forward.values))):
+            if index in self.adjoint:
+                self._rule(index, self.adjoint[index])
+        return self.b.finish(BodyKind.GRAD, sorted(self.results.items()))
+
+    def _rule(self, index: int, g: int) -> None:
+        value = self.forward.values[index]
+        op, args = value.op, value.args
+        y = self.copy[index]
+        a = self.copy[args[0]] if args else None
+        b = self.copy[args[1]] if len(args) > 1 else None
+        one = self.const(1.0)
+        if op == Op.PARAM:
+            self.add_result(f"d_param/{value.name}", g)
+        elif op == Op.INPUT:
+            self.add_result(f"d_input/{value.name}", g)
+        elif op == Op.STATE:
+            self.add_result(f"d_state/{value.name}", g)
+        elif op == Op.CHILD_STATE:
+            self.add_result(f"d_child/{value.name}", g)
+        elif op == Op.CHILD_STATE_AT:
+            self.add_result(f"d_child_at/{value.attr('k')}/{value.name}", g)
+        elif op == Op.HOISTED:
+            self.add_result(f"d_hoisted/{value.name}", g)
+        elif op == Op.ADD:
+            self.contribute(args[0], g)
+            self.contribute(args[1], g)
+        elif op == Op.SUB:
+            self.contribute(args[0], g)
+            self.contribute(args[1], self.op(Op.NEG, g))
+        elif op == Op.MUL:
+            self.contribute(args[0], self.op(Op.MUL, g, b))
+            self.contribute(args[1], self.op(Op.MUL, g, a))
+        elif op == Op.DIV:
+            self.contribute(args[0], self.op(Op.DIV, g, b))
+            self.contribute(args[1], self.op(Op.NEG, self.op(Op.DIV, self.op(Op.MUL, g, y), b)))
+        elif op == Op.NEG:
+            self.contribute(args[0], self.op(Op.NEG, g))
+        elif op == Op.SIGMOID:
+            self.contribute(args[0], self.op(Op.MUL, g, self.op(Op.MUL, y, self.op(Op.SUB, one, y))))
+        elif op == Op.TANH:
+            self.contribute(args[0], self.op(Op.MUL, g, self.op(Op.SUB, one, self.op(Op.MUL, y, y))))
+        elif op == Op.RELU:
+            self.contribute(args[0], self.op(Op.MUL, g, self.op(Op.STEP, a)))
+        elif op == Op.EXP:
+            self.contribute(args[0], self.op(Op.MUL, g, y))
+        elif op == Op.LOG:
+            self.contribute(args[0], self.op(Op.DIV, g, a))
+        elif op == Op.ABS:
+            self.contribute(args[0], self.op(Op.MUL, g, self.op(Op.SIGN, a)))
+        elif op == Op.SOFTPLUS:
+            self.contribute(args[0], self.op(Op.MUL, g, self.op(Op.SIGMOID, a)))
+        elif op == Op.SOFTMAX:
+            dot = self.op(Op.ROWSUM, self.op(Op.MUL, g, y), shape=())
+            self.contribute(args[0], self.op(Op.MUL, y, self.op(Op.SUB, g, dot)))
+        elif op == Op.LOG_SOFTMAX:
+            total = self.op(Op.ROWSUM, g, shape=())
+            self.contribute(args[0], self.op(Op.SUB, g, self.op(Op.MUL, self.op(Op.EXP, y), total)))
+        elif op == Op.MATMUL:
+            self._matmul(args, a, b, g)
+        elif op == Op.SLICE:
+            size = self.forward.values[args[0]].shape[0]
+            lo = value.attr("lo")
+            shape = pad_shape(self.v(g).shape, lo, size)
+            self.contribute(args[0], self.op(Op.PAD, g, shape=shape, attrs=(("lo", lo), ("size", size))))
+        elif op == Op.CONCAT:
+            start = 0
+            for arg in args:
+                part = self.forward.values[arg]
+                stop = start + part.shape[0]
+                shape = slice_shape(self.v(g).shape, start, stop)
+                piece = self.op(Op.SLICE, g, shape=shape, attrs=(("lo", start), ("hi", stop)))
+                self.contribute(arg, piece)
+                start = stop
+        elif op == Op.EMBED:
+            table, row = (self.forward.values[x] for x in args)
+            self.add_result(f"d_embed/{table.name}/{row.name}", g)
+        elif op == Op.EXPAND:
+            self.contribute(args[0], self.op(Op.SUM, g, domain=Domain.NODE))
+        elif op == Op.SUM:
+            self.contribute(args[0], self.op(Op.EXPAND, g, domain=Domain.CHILD))
+        elif op == Op.MEAN:
+            count = self.b.add(Op.NUM_CHILDREN, (), (), Domain.NODE)
+            self.contribute(args[0], self.op(Op.EXPAND, self.op(Op.DIV, g, count), domain=Domain.CHILD))
+        elif op == Op.MAX:
+            holds_max = self.op(Op.EQ, a, self.op(Op.EXPAND, y, domain=Domain.CHILD))
+            self.contribute(args[0], self.op(Op.MUL, holds_max, self.op(Op.EXPAND, g, domain=Domain.CHILD)))
+        elif op == Op.CONST:
+            pass
+        else:  # pragma: no cover - every forward op has a rule above
+            raise NotImplementedError(f"autodiff has no rule for {op}")
+
+    def _matmul(self, args, a: int, b: int, g: int) -> None:
+        left, right = self.v(a), self.v(b)
+        left_t = self.op(Op.TRANSPOSE, a, shape=(left.shape[1], left.shape[0]))
+        if len(right.shape) == 1:
+            outer_shape = (self.v(g).shape[0], right.shape[0])
+            self.contribute(args[0], self.op(Op.OUTER, g, b, shape=outer_shape))
+        else:
+            right_t = self.op(Op.TRANSPOSE, b, shape=(right.shape[1], right.shape[0]))
+            shape = matmul_shape(self.v(g).shape, self.v(right_t).shape)
+            self.contribute(args[0], self.op(Op.MATMUL, g, right_t, shape=shape))
+        shape = matmul_shape(self.v(left_t).shape, self.v(g).shape)
+        self.contribute(args[1], self.op(Op.MATMUL, left_t, g, shape=shape))
+
+
+def grad_body(forward: Body) -> Body:
+    return _Reverse(forward).run()
