@@ -31,6 +31,9 @@ OP_EXPR = {
     Op.LOG: "logf({0})",
     Op.ABS: "fabsf({0})",
     Op.SOFTPLUS: "cx_softplus({0})",
+    Op.STEP: "({0} > 0.0f ? 1.0f : 0.0f)",
+    Op.SIGN: "cx_sign({0})",
+    Op.EQ: "({0} == {1} ? 1.0f : 0.0f)",
 }
 
 
@@ -62,6 +65,11 @@ def output_symbol(name: str) -> str:
     return f"O_{name}"
 
 
+def gradient_symbol(kind: str, name: str) -> str:
+    """Forest-wide gradient arrays: d of a state, a hoisted row, an input, a param; upstream of an output."""
+    return {"state": "dS", "pre": "dH", "input": "dI", "param": "dP", "output": "G"}[kind] + f"_{name}"
+
+
 class KernelExprs:
     """Renders reads and computations of the values of one kernel's body."""
 
@@ -70,6 +78,15 @@ class KernelExprs:
         self.kernel = kernel
         self.values = kernel.body.values
         self.buffer_width = {b.name: b.width for b in kernel.buffers}
+
+    def adjoint(self, name: str, row: str, row_width: int, col: str) -> str:
+        """The incoming gradient of result `name` for this kernel's row."""
+        source = self.kernel.adjoints
+        if source == "state":
+            return f"{gradient_symbol('state', name)}[nd[{row}] * {row_width} + {col}]"
+        if source == "pre":
+            return f"{gradient_symbol('pre', name)}[(pre_base + {row}) * {row_width} + {col}]"
+        return f"{gradient_symbol('output', name)}[(pos0 + {row}) * {row_width} + {col}]"
 
     def ref(self, index: int, rows: RowKind, row: str, col: str) -> str:
         """Element `col` of value `index` for row `row` of a loop over `rows`."""
@@ -97,14 +114,33 @@ class KernelExprs:
             rows, row = RowKind.NODE, f"er[{row}]"
         if not value.shape:
             col = "0"
-        if value.op == Op.CONST:
+        op = value.op
+        if op == Op.CONST:
             return float_literal(value.attr("value"))
-        if value.op == Op.SLICE:
-            return self.ref(value.args[0], rows, row, f"{col} + {value.attr('lo')}")
-        if value.op == Op.EXPAND:
+        if op == Op.SLICE:
+            return self.ref(value.args[0], rows, row, f"{col} + {self._slice_offset(value)}")
+        if op == Op.EXPAND:
             return self.ref(value.args[0], rows, row, col)
+        if op == Op.TRANSPOSE:  # element (i, j) of the [K, M] transpose is (j, i) of the [M, K] matrix
+            m, k = self.values[value.args[0]].shape
+            return self.ref(value.args[0], rows, row, f"(({col}) % {m}) * {k} + ({col}) / {m}")
+        if op == Op.OUTER:
+            k = value.shape[1]
+            a, b = value.args
+            return f"({self.ref(a, rows, row, f'({col}) / {k}')} * {self.ref(b, rows, row, f'({col}) % {k}')})"
+        if op == Op.PAD:
+            arg = self.values[value.args[0]]
+            row_width = width(arg) // arg.shape[0]
+            lo, size = value.attr("lo") * row_width, width(arg)
+            inner = self.ref(value.args[0], rows, row, f"({col}) - {lo}")
+            return f"(({col}) >= {lo} && ({col}) < {lo + size} ? {inner} : 0.0f)"
         operands = [self.ref(arg, rows, row, col) for arg in value.args]
-        return OP_EXPR[value.op].format(*operands)
+        return OP_EXPR[op].format(*operands)
+
+    def _slice_offset(self, value: Value) -> int:
+        """Where a slice starts in its base's flattened row (rows of a matrix count whole rows)."""
+        base = self.values[value.args[0]]
+        return value.attr("lo") * (width(base) // base.shape[0])
 
     def _source(self, value: Value, rows: RowKind, row: str, col: str) -> str:
         op = value.op
@@ -113,7 +149,9 @@ class KernelExprs:
         if op == Op.PARAM:
             return f"{param_symbol(value.name)}[{col}]"
         if op == Op.SLICE:
-            return self.ref(value.args[0], rows, row, f"{col} + {value.attr('lo')}")
+            return self.ref(value.args[0], rows, row, f"{col} + {self._slice_offset(value)}")
+        if op == Op.NUM_CHILDREN:
+            return f"(float)(eb[{row} + 1] - eb[{row}])"
         if op == Op.EMBED:
             table, index = (self.values[a] for a in value.args)
             position = f"(int64_t){input_symbol(index.name)}[nd[{row}]]"
@@ -129,4 +167,6 @@ class KernelExprs:
             return f"{state_symbol(value.name)}[kid{value.attr('k')}[{row}] * {row_width} + {col}]"
         if op == Op.HOISTED:
             return f"{hoisted_symbol(value.name)}[(pre_base + {row}) * {row_width} + {col}]"
+        if op == Op.ADJOINT:
+            return self.adjoint(value.name, row, row_width, col)
         raise NotImplementedError(f"no source read for {op}")  # pragma: no cover

@@ -15,6 +15,7 @@ import jinja2
 
 from cortexc.codegen.exprs import (
     KernelExprs,
+    gradient_symbol,
     hoisted_symbol,
     input_symbol,
     output_symbol,
@@ -25,6 +26,8 @@ from cortexc.codegen.target import Target
 from cortexc.ir.cell import Cell
 from cortexc.ir.ops import Op
 from cortexc.ir.program import (
+    AccumOuter,
+    AccumSum,
     Gemm,
     Kernel,
     Loop,
@@ -32,6 +35,7 @@ from cortexc.ir.program import (
     Reduce,
     RowKind,
     Rows,
+    RowSum,
     SmallMatmul,
     Softmax,
     Store,
@@ -82,7 +86,17 @@ def render_c(program: Program, target: Target, source_file: str) -> str:
     outputs = [
         {"kernel": k.name, "count": "call->num_roots" if k.rows == Rows.ROOTS else "call->num_nodes"}
         for k in program.kernels
-        if k.rows in (Rows.NODES, Rows.ROOTS)
+        if k.rows in (Rows.NODES, Rows.ROOTS) and not k.name.startswith("grad_")
+    ]
+    grad_outputs = [
+        {"kernel": k.name, "index": [o.name for o in cell.outputs].index(k.name[len("grad_out_"):]),
+         "count": "call->num_roots" if k.rows == Rows.ROOTS else "call->num_nodes"}
+        for k in program.kernels
+        if k.name.startswith("grad_out_")
+    ]
+    accumulators = [
+        {"param": name, "index": [p.name for p in cell.params].index(name), "offset": offset, "size": size}
+        for name, offset, size in program.accumulators
     ]
     template = environment().get_template("kernels.c.j2")
     return template.render(
@@ -93,6 +107,10 @@ def render_c(program: Program, target: Target, source_file: str) -> str:
         cell_name=cell.name,
         kernels=kernels,
         outputs=outputs,
+        grad_outputs=grad_outputs,
+        accumulators=accumulators,
+        accumulator_floats=sum(a["size"] for a in accumulators),
+        has_grads=cell.grads is not None,
         has_pre=cell.pre is not None,
         max_child_ks=max((len(k.child_ks) for k in program.kernels), default=0),
     )
@@ -101,49 +119,53 @@ def render_c(program: Program, target: Target, source_file: str) -> str:
 def _symbols(cell: Cell, program: Program, kernel: Kernel) -> list[dict[str, str]]:
     """Declarations of the forest-wide arrays this kernel touches."""
     table = abi(cell, program)
-    used_params = _params_read_by_expressions(kernel)
-    used_inputs = {v.name for v in kernel.body.values if v.op == Op.INPUT}
-    used_states = {v.name for v in kernel.body.values if v.op in (Op.STATE, Op.CHILD_STATE, Op.CHILD_STATE_AT)}
-    used_hoisted = {v.name for v in kernel.body.values if v.op == Op.HOISTED}
+    values = kernel.body.values
+    stores = [s for s in kernel.steps if isinstance(s, Store)]
+    used_params = {v.name for v in values if v.op == Op.PARAM}
+    used_inputs = {v.name for v in values if v.op == Op.INPUT}
+    used_inputs |= {s.index_input for s in stores if s.target == "d_embed"}
+    used_states = {v.name for v in values if v.op in (Op.STATE, Op.CHILD_STATE, Op.CHILD_STATE_AT)}
+    used_states |= {s.name for s in stores if s.target == "state"}
+    used_hoisted = {v.name for v in values if v.op == Op.HOISTED} | {s.name for s in stores if s.target == "pre"}
     used_packed = {s.packed for s in kernel.steps if isinstance(s, Gemm)}
-    for step in kernel.steps:
-        if isinstance(step, Store) and step.target == "state":
-            used_states.add(step.name)
+    adjoints = {v.name for v in values if v.op == Op.ADJOINT}
+    d_states = {s.name for s in stores if s.target in ("d_state", "d_child", "d_child_at")}
+    d_states |= adjoints if kernel.adjoints == "state" else set()
+    d_hoisted = {s.name for s in stores if s.target == "d_hoisted"}
+    d_hoisted |= adjoints if kernel.adjoints == "pre" else set()
+    d_inputs = {s.name for s in stores if s.target == "d_input"}
+    d_params = {s.name for s in stores if s.target == "d_embed"}
+    upstream = adjoints if kernel.adjoints == "output" else set()
+    accumulated = {s.param for s in kernel.steps if isinstance(s, AccumOuter | AccumSum)}
     decls = []
-    for index, name in enumerate(table["params"]):
-        if name in used_params:
-            decls.append(f"const float *{param_symbol(name)} = call->params[{index}];")
-    for index, name in enumerate(table["packed"]):
-        if name in used_packed:
-            decls.append(f"const float *{name} = call->packed[{index}];")
+
+    def declare(names: list[str], used: set[str], text) -> None:
+        for index, name in enumerate(names):
+            if name in used:
+                decls.append(text(index, name))
+
+    declare(table["params"], used_params, lambda i, n: f"const float *{param_symbol(n)} = call->params[{i}];")
+    declare(table["packed"], used_packed, lambda i, n: f"const float *{n} = call->packed[{i}];")
     for index, name in enumerate(table["inputs"]):
         if name in used_inputs:
             kind = "int32_t" if cell.input(name).is_index else "float"
             decls.append(f"const {kind} *{input_symbol(name)} = (const {kind} *)call->inputs[{index}];")
-    for index, name in enumerate(table["states"]):
-        if name in used_states:
-            decls.append(f"float *{state_symbol(name)} = call->states[{index}];")
-    stores_pre = any(isinstance(s, Store) and s.target == "pre" for s in kernel.steps)
-    for index, name in enumerate(table["hoisted"]):
-        if name in used_hoisted or stores_pre:
-            decls.append(f"float *{hoisted_symbol(name)} = call->hoisted[{index}];")
-    for index, name in enumerate(table["outputs"]):
-        if any(isinstance(s, Store) and s.target == "output" and s.name == name for s in kernel.steps):
-            decls.append(f"float *{output_symbol(name)} = call->outputs[{index}];")
-    return [{"decl": d} for d in decls]
-
-
-def _params_read_by_expressions(kernel: Kernel) -> set[str]:
-    """Params some expression reads (those only multiplied by a GEMM are read packed instead)."""
-    values = kernel.body.values
-    gemm_outs = {s.out for s in kernel.steps if isinstance(s, Gemm)}
-    read = {values[index].name for _, index in kernel.body.results if values[index].op == Op.PARAM}
-    for index, value in enumerate(values):
-        packed_product = value.op == Op.MATMUL and kernel.places[index].buffer in gemm_outs
-        for position, arg in enumerate(value.args):
-            if values[arg].op == Op.PARAM and not (packed_product and position == 0):
-                read.add(values[arg].name)
-    return read
+    declare(table["states"], used_states, lambda i, n: f"float *{state_symbol(n)} = call->states[{i}];")
+    declare(table["hoisted"], used_hoisted, lambda i, n: f"float *{hoisted_symbol(n)} = call->hoisted[{i}];")
+    stored_outputs = {s.name for s in stores if s.target == "output"}
+    declare(table["outputs"], stored_outputs, lambda i, n: f"float *{output_symbol(n)} = call->outputs[{i}];")
+    declare(table["states"], d_states, lambda i, n: f"float *{gradient_symbol('state', n)} = grad->d_states[{i}];")
+    declare(table["hoisted"], d_hoisted,
+            lambda i, n: f"float *{gradient_symbol('pre', n)} = grad->d_hoisted[{i}];")
+    declare(table["inputs"], d_inputs, lambda i, n: f"float *{gradient_symbol('input', n)} = grad->d_inputs[{i}];")
+    declare(table["params"], d_params, lambda i, n: f"float *{gradient_symbol('param', n)} = grad->d_params[{i}];")
+    declare(table["outputs"], upstream,
+            lambda i, n: f"const float *{gradient_symbol('output', n)} = grad->upstream[{i}];")
+    offsets = {name: offset for name, offset, _ in program.accumulators}
+    for name in sorted(accumulated):
+        decls.append(f"float *acc_{name} = acc + {offsets[name]};")
+    names = [d.split("=")[0].split("*")[-1].strip() for d in decls]
+    return [{"decl": f"{d} (void){n};"} for d, n in zip(decls, names)]
 
 
 def _kernel_context(cell: Cell, program: Program, kernel: Kernel, target: Target) -> dict[str, Any]:
@@ -159,10 +181,13 @@ def _kernel_context(cell: Cell, program: Program, kernel: Kernel, target: Target
     offset_terms = _offset(node_floats, child_floats)
     steps = [_step_context(exprs, kernel, step) for step in kernel.steps]
     reads_children = bool(kernel.child_ks) or any(
-        v.op in (Op.CHILD_STATE, Op.CHILD_STATE_AT) or v.domain.name == "CHILD" for v in kernel.body.values
+        v.op in (Op.CHILD_STATE, Op.CHILD_STATE_AT, Op.NUM_CHILDREN) or v.domain.name == "CHILD"
+        for v in kernel.body.values
     )
-    uses_pre_base = any(v.op == Op.HOISTED for v in kernel.body.values) or any(
-        isinstance(s, Store) and s.target == "pre" for s in kernel.steps
+    uses_pre_base = (
+        any(v.op == Op.HOISTED for v in kernel.body.values)
+        or any(isinstance(s, Store) and s.target in ("pre", "d_hoisted") for s in kernel.steps)
+        or kernel.adjoints == "pre"
     )
     return {
         "name": kernel.name,
@@ -176,6 +201,24 @@ def _kernel_context(cell: Cell, program: Program, kernel: Kernel, target: Target
         "steps": steps,
         "scratch_floats": offset_terms,
     }
+
+
+def _store_destination(kernel: Kernel, step: Store) -> str:
+    """The first element of the row a store writes, for row `i` of the tile."""
+    w = step.width
+    rows = {
+        "state": (state_symbol(step.name), "nd[i]"),
+        "pre": (hoisted_symbol(step.name), "(pre_base + i)"),
+        "output": (output_symbol(step.name), "(pos0 + i)"),
+        "d_state": (gradient_symbol("state", step.name), "nd[i]"),
+        "d_child": (gradient_symbol("state", step.name), "ch[i]"),
+        "d_child_at": (gradient_symbol("state", step.name), f"kid{step.k}[i]"),
+        "d_hoisted": (gradient_symbol("pre", step.name), "(pre_base + i)"),
+        "d_input": (gradient_symbol("input", step.name), "nd[i]"),
+        "d_embed": (gradient_symbol("param", step.name), f"(int64_t){input_symbol(step.index_input)}[nd[i]]"),
+    }
+    array, row = rows[step.target]
+    return f"{array} + {row} * {w}"
 
 
 def _offset(node_floats: int, child_floats: int) -> str:
@@ -222,7 +265,7 @@ def _step_context(exprs: KernelExprs, kernel: Kernel, step) -> dict[str, Any]:
             "doc": f"{step.out} = {op.value} over children of %{value.args[0]}",
             "out": step.out,
             "width": step.width,
-            "init": "-INFINITY" if op == Op.MAX else "0.0f",
+            "init": "-FLT_MAX" if op == Op.MAX else "0.0f",
             "combine": combine,
             "mean": op == Op.MEAN,
         }
@@ -251,19 +294,45 @@ def _step_context(exprs: KernelExprs, kernel: Kernel, step) -> dict[str, Any]:
             "a": exprs.ref(a, step.rows, "i", f"p * {step.k} + r"),
             "b": exprs.ref(b, step.rows, "i", f"r * {step.n} + q" if step.n > 1 else "r"),
         }
+    if isinstance(step, RowSum):
+        value = values[step.value]
+        return {
+            "kind": "rowsum",
+            "doc": f"{step.out} = sum of the elements of %{value.args[0]}",
+            "count": _count(step.rows),
+            "out": step.out,
+            "width": step.width,
+            "x": exprs.ref(value.args[0], step.rows, "i", "j"),
+        }
+    if isinstance(step, AccumOuter):
+        return {
+            "kind": "accum_outer",
+            "doc": f"d {step.param} += sum over rows of outer(%{step.a}, %{step.b})",
+            "count": _count(step.rows),
+            "a": exprs.address(step.a, step.rows, "i"),
+            "b": exprs.address(step.b, step.rows, "i"),
+            "m": step.m,
+            "k": step.k,
+            "acc": f"acc_{step.param}",
+        }
+    if isinstance(step, AccumSum):
+        return {
+            "kind": "accum_sum",
+            "doc": f"d {step.param} += sum over rows of %{step.value}",
+            "count": _count(step.rows),
+            "width": step.width,
+            "acc": f"acc_{step.param}",
+            "expr": exprs.ref(step.value, step.rows, "i", "j"),
+        }
     if isinstance(step, Store):
-        if step.target == "state":
-            dst = f"{state_symbol(step.name)} + nd[i] * {step.width}"
-        elif step.target == "pre":
-            dst = f"{hoisted_symbol(step.name)} + (pre_base + i) * {step.width}"
-        else:
-            dst = f"{output_symbol(step.name)} + (pos0 + i) * {step.width}"
         return {
             "kind": "store",
-            "doc": f"{step.target} {step.name} = %{step.value}",
-            "dst": dst,
+            "doc": f"{step.target} {step.name} {'=' if step.mode == 'set' else '+='} %{step.value}",
+            "count": _count(step.rows),
+            "dst": _store_destination(kernel, step),
             "width": step.width,
-            "expr": exprs.ref(step.value, RowKind.NODE, "i", "j"),
+            "mode": step.mode,
+            "expr": exprs.ref(step.value, step.rows, "i", "j"),
         }
     raise NotImplementedError(type(step))  # pragma: no cover
 

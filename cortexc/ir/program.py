@@ -117,16 +117,61 @@ class SmallMatmul:
 
 
 @dataclass(frozen=True)
-class Store:
-    """Write a value to a forest-wide array: a state (by node), a hoisted row, an output row."""
+class RowSum:
+    """`out[row] = sum of every element of value(row)` (a per-row scalar)."""
 
     value: int
-    target: str  # "state", "pre" or "output"
+    out: str
+    rows: RowKind
+    width: int  # of the summed value
+
+
+@dataclass(frozen=True)
+class Store:
+    """Write (or add) a value to a forest-wide array.
+
+    Targets of forward kernels: ``state`` (by node), ``pre`` (a hoisted row),
+    ``output``. Of gradient kernels: ``d_state`` (this node), ``d_child``
+    (one row per child edge), ``d_child_at`` (child ``k``), ``d_hoisted``,
+    ``d_input`` (this node) and ``d_embed`` (the looked-up row of a table;
+    several nodes may share a row, so it is added atomically). In a DAG a
+    child has several parents, possibly in the same level: its gradient rows
+    are added atomically too.
+    """
+
+    value: int
+    target: str
     name: str
+    width: int
+    rows: RowKind = RowKind.NODE
+    mode: str = "set"  # "set", "add" or "atomic_add"
+    k: int = 0  # for d_child_at
+    index_input: str = ""  # for d_embed: which index input chose the row
+
+
+@dataclass(frozen=True)
+class AccumOuter:
+    """`acc[param] += sum over rows of outer(a(row), b(row))`: a weight gradient, as a transposed GEMM."""
+
+    param: str
+    a: int
+    b: int
+    rows: RowKind
+    m: int
+    k: int
+
+
+@dataclass(frozen=True)
+class AccumSum:
+    """`acc[param] += sum over rows of value(row)`: a bias-like gradient (any per-row expression)."""
+
+    param: str
+    value: int
+    rows: RowKind
     width: int
 
 
-Step = Gemm | Loop | Reduce | Softmax | SmallMatmul | Store
+Step = Gemm | Loop | Reduce | Softmax | SmallMatmul | RowSum | Store | AccumOuter | AccumSum
 
 
 @dataclass(frozen=True)
@@ -138,6 +183,7 @@ class Kernel:
     buffers: tuple[Buffer, ...]
     steps: tuple[Step, ...]
     child_ks: tuple[int, ...]  # which child[k] the body reads (their node ids are gathered per tile)
+    adjoints: str = ""  # gradient kernels: where `adjoint` values come from ("state", "pre" or "output")
 
     def scratch_floats(self, tile_rows: int, max_children: int) -> int:
         per_node = sum(b.width for b in self.buffers if b.rows == RowKind.NODE)
@@ -153,13 +199,15 @@ class PackedWeight:
     params: tuple[str, ...]
     m: int
     k: int
+    transposed: tuple[bool, ...] = ()  # per param: pack its transpose (backward products W^T @ g)
 
 
 @dataclass(frozen=True)
 class Program:
     cell: Cell
-    kernels: tuple[Kernel, ...]  # in launch order: pre?, leaf, node, outputs...
+    kernels: tuple[Kernel, ...]  # in launch order: pre?, leaf, node, outputs...; then the gradient kernels
     packed: tuple[PackedWeight, ...]
+    accumulators: tuple[tuple[str, int, int], ...] = ()  # (param, offset, floats) of per-thread gradients
 
     def kernel(self, name: str) -> Kernel:
         return next(k for k in self.kernels if k.name == name)

@@ -18,6 +18,12 @@ fewest passes over memory we know how to make without a cost model:
   or is itself a reduction, softmax, concat or product;
 * reductions over children evaluate their argument's expression per child
   edge inside the reduction loop (``sum(f * child.c)`` never stores ``f * child.c``).
+
+Gradient bodies (from `autodiff`) become kernels of the same kinds, run in
+reverse level order. Their weight gradients (``outer(g, x)`` summed over
+nodes, and over child edges for per-child products) accumulate into
+per-thread buffers with a transposed GEMM per tile; ``W^T @ g`` is an
+ordinary GEMM with the transposed weight packed once.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from collections import defaultdict
 from cortexc.ir.cell import Body, Cell, Value
 from cortexc.ir.ops import BINARY_OPS, LEAF_OPS, REDUCE_OPS, UNARY_OPS, VECTOR_OPS, Domain, Op
 from cortexc.ir.program import (
+    AccumOuter,
+    AccumSum,
     Buffer,
     Gemm,
     Kernel,
@@ -39,6 +47,7 @@ from cortexc.ir.program import (
     Reduce,
     RowKind,
     Rows,
+    RowSum,
     SmallMatmul,
     Softmax,
     Step,
@@ -59,30 +68,81 @@ def row_kind(value: Value) -> RowKind:
 def schedule(cell: Cell) -> Program:
     if cell.leaf is None:
         raise ValueError("schedule needs a specialised cell (run `specialize` first)")
-    packed: dict[tuple[str, ...], PackedWeight] = {}
+    packed: dict[tuple, PackedWeight] = {}
     kernels = []
     if cell.pre is not None:
-        kernels.append(_kernel("pre", Rows.INTERNAL, cell.pre, cell, packed, "pre"))
-    kernels.append(_kernel("leaf", Rows.LEVEL, cell.leaf, cell, packed, "state"))
-    kernels.append(_kernel("node", Rows.LEVEL, cell.node, cell, packed, "state"))
+        kernels.append(_kernel("pre", Rows.INTERNAL, cell.pre, cell, packed))
+    kernels.append(_kernel("leaf", Rows.LEVEL, cell.leaf, cell, packed))
+    kernels.append(_kernel("node", Rows.LEVEL, cell.node, cell, packed))
     for out in cell.outputs:
         rows = Rows.ROOTS if out.at_root else Rows.NODES
-        kernels.append(_kernel(f"out_{out.name}", rows, out.body, cell, packed, "output"))
-    return Program(cell, tuple(kernels), tuple(packed.values()))
+        kernels.append(_kernel(f"out_{out.name}", rows, out.body, cell, packed))
+    if cell.grads is not None:
+        grads = cell.grads
+        for out, body in zip(cell.outputs, grads.outputs):
+            rows = Rows.ROOTS if out.at_root else Rows.NODES
+            kernels.append(_kernel(f"grad_out_{out.name}", rows, body, cell, packed, "output"))
+        kernels.append(_kernel("grad_node", Rows.LEVEL, grads.node, cell, packed, "state"))
+        kernels.append(_kernel("grad_leaf", Rows.LEVEL, grads.leaf, cell, packed, "state"))
+        if grads.pre is not None:
+            kernels.append(_kernel("grad_pre", Rows.INTERNAL, grads.pre, cell, packed, "pre"))
+    accumulated = sorted({s.param for k in kernels for s in k.steps if isinstance(s, AccumOuter | AccumSum)})
+    accumulators, offset = [], 0
+    for name in accumulated:
+        size = math.prod(cell.param(name).shape)
+        accumulators.append((name, offset, size))
+        offset += size
+    return Program(cell, tuple(kernels), tuple(packed.values()), tuple(accumulators))
+
+
+def _gemm_left(body: Body, value: Value) -> tuple[str, bool] | None:
+    """The param of a `param @ vector` product (transposed for `transpose(param) @ vector`), else None."""
+    left, right = (body.values[a] for a in value.args)
+    if len(right.shape) != 1:
+        return None
+    if left.op == Op.PARAM:
+        return left.name, False
+    if left.op == Op.TRANSPOSE and body.values[left.args[0]].op == Op.PARAM:
+        return body.values[left.args[0]].name, True
+    return None
 
 
 def _gemm_groups(body: Body) -> dict[int, list[int]]:
     """Matmuls `param matrix @ per-row vector`, grouped by their right operand."""
     groups: dict[int, list[int]] = defaultdict(list)
     for index, value in enumerate(body.values):
-        if value.op == Op.MATMUL:
-            left, right = (body.values[a] for a in value.args)
-            if left.op == Op.PARAM and len(right.shape) == 1:
-                groups[value.args[1]].append(index)
+        if value.op == Op.MATMUL and _gemm_left(body, value) is not None:
+            groups[value.args[1]].append(index)
     return dict(groups)
 
 
-def _kernel(name: str, rows: Rows, body: Body, cell: Cell, packed: dict, target: str) -> Kernel:
+def _accumulation_terms(body: Body, index: int, uses: list[int],
+                        rows: RowKind = RowKind.NODE) -> list[tuple[int, RowKind]]:
+    """A per-node param gradient as a sum of terms over rows: through `add`s and sums over children
+    that nothing else uses (a value used elsewhere too is a term of its own)."""
+    value = body.values[index]
+    if uses[index] == 1:
+        same_shapes = all(body.values[a].shape == value.shape for a in value.args)
+        if value.op == Op.ADD and same_shapes:
+            return (_accumulation_terms(body, value.args[0], uses, rows)
+                    + _accumulation_terms(body, value.args[1], uses, rows))
+        if value.op == Op.SUM and rows == RowKind.NODE:
+            return _accumulation_terms(body, value.args[0], uses, RowKind.CHILD)
+    return [(index, row_kind(value) if rows == RowKind.NODE else rows)]
+
+
+#: where a gradient result goes, and how it is written there
+_GRADIENT_STORES = {
+    "d_state": ("add", RowKind.NODE),
+    "d_child": ("add", RowKind.CHILD),
+    "d_child_at": ("add", RowKind.NODE),
+    "d_hoisted": ("set", RowKind.NODE),
+    "d_input": ("add", RowKind.NODE),
+    "d_embed": ("atomic_add", RowKind.NODE),
+}
+
+
+def _kernel(name: str, rows: Rows, body: Body, cell: Cell, packed: dict, adjoints: str = "") -> Kernel:
     values = body.values
     uses = [0] * len(values)
     for value in values:
@@ -93,7 +153,29 @@ def _kernel(name: str, rows: Rows, body: Body, cell: Cell, packed: dict, target:
     groups = _gemm_groups(body)
     in_gemm = {member: operand for operand, members in groups.items() for member in members}
 
-    # which values must have an address (a row pointer): GEMM and small-matmul operands
+    # param gradients: sums of terms over the rows, accumulated per thread (not stored per node)
+    accumulate: list[Step] = []
+    glue: set[int] = set()  # adds and sums that only assemble those terms
+    for result_name, index in body.results:
+        if result_name.startswith("d_param/"):
+            param = result_name.split("/", 1)[1]
+            terms = _accumulation_terms(body, index, uses)
+            term_ids = {t for t, _ in terms}
+            stack = [index]
+            while stack:
+                current = stack.pop()
+                if current not in term_ids:
+                    glue.add(current)
+                    stack.extend(values[current].args)
+            for term, term_rows in terms:
+                value = values[term]
+                if value.op == Op.OUTER:
+                    a, b = value.args
+                    accumulate.append(AccumOuter(param, a, b, term_rows, value.shape[0], value.shape[1]))
+                else:
+                    accumulate.append(AccumSum(param, term, term_rows, width(value)))
+
+    # which values must have an address (a row pointer): GEMM, small-matmul and outer-product operands
     needs_address = [False] * len(values)
     for operand in groups:
         needs_address[operand] = True
@@ -101,6 +183,9 @@ def _kernel(name: str, rows: Rows, body: Body, cell: Cell, packed: dict, target:
         if value.op == Op.MATMUL and index not in in_gemm:
             for arg in value.args:
                 needs_address[arg] = True
+    for step in accumulate:
+        if isinstance(step, AccumOuter):
+            needs_address[step.a] = needs_address[step.b] = True
     for index in reversed(range(len(values))):  # through views to what they view
         if needs_address[index] and values[index].op in (Op.SLICE, Op.EXPAND):
             needs_address[values[index].args[0]] = True
@@ -115,18 +200,24 @@ def _kernel(name: str, rows: Rows, body: Body, cell: Cell, packed: dict, target:
         buffers.append(Buffer(buffer_name, row_kind(value), buffer_width or width(value)))
         return buffer_name
 
+    def materialize(index: int, value: Value) -> None:
+        places.append(Place(PlaceKind.BUFFER, new_buffer(value)))
+        steps.append(Loop(index, places[-1].buffer, 0, row_kind(value), width(value)))
+
     for index, value in enumerate(values):
         op = value.op
-        if op == Op.CONST and needs_address[index]:
-            places.append(Place(PlaceKind.BUFFER, new_buffer(value)))
-            steps.append(Loop(index, places[-1].buffer, 0, row_kind(value), width(value)))
+        if index in glue:
+            places.append(Place(PlaceKind.INLINE))  # never read: the accumulation steps take its terms
+        elif op == Op.CONST and needs_address[index]:
+            materialize(index, value)
         elif op in LEAF_OPS or op == Op.EMBED:
             places.append(Place(PlaceKind.SOURCE))
         elif op == Op.SLICE:
             base = places[value.args[0]]
-            column = base.column + value.attr("lo")
+            row_width = width(values[value.args[0]]) // values[value.args[0]].shape[0]
+            column = base.column + value.attr("lo") * row_width
             places.append(Place(base.kind, base.buffer, column if base.kind == PlaceKind.BUFFER else 0))
-        elif op == Op.EXPAND:
+        elif op in (Op.EXPAND, Op.TRANSPOSE, Op.OUTER):
             places.append(Place(PlaceKind.INLINE))
         elif index in in_gemm:
             operand = in_gemm[index]
@@ -134,11 +225,13 @@ def _kernel(name: str, rows: Rows, body: Body, cell: Cell, packed: dict, target:
             if operand not in group_buffer:
                 total = sum(values[m].shape[0] for m in members)
                 group_buffer[operand] = new_buffer(value, total, "g")
-                weights = tuple(values[values[m].args[0]].name for m in members)
+                lefts = tuple(_gemm_left(body, values[m]) for m in members)
                 k = values[operand].shape[0]
-                if weights not in packed:
-                    packed[weights] = PackedWeight(f"w{len(packed)}", weights, total, k)
-                steps.append(Gemm(group_buffer[operand], operand, packed[weights].name, weights,
+                if lefts not in packed:
+                    packed[lefts] = PackedWeight(f"w{len(packed)}", tuple(p for p, _ in lefts), total, k,
+                                                 tuple(t for _, t in lefts))
+                weight = packed[lefts]
+                steps.append(Gemm(group_buffer[operand], operand, weight.name, weight.params,
                                   row_kind(value), k, total))
             column = sum(values[m].shape[0] for m in members[: members.index(index)])
             places.append(Place(PlaceKind.BUFFER, group_buffer[operand], column))
@@ -154,6 +247,9 @@ def _kernel(name: str, rows: Rows, body: Body, cell: Cell, packed: dict, target:
         elif op in VECTOR_OPS:
             places.append(Place(PlaceKind.BUFFER, new_buffer(value)))
             steps.append(Softmax(index, places[-1].buffer, row_kind(value), width(value), op == Op.LOG_SOFTMAX))
+        elif op == Op.ROWSUM:
+            places.append(Place(PlaceKind.BUFFER, new_buffer(value)))
+            steps.append(RowSum(index, places[-1].buffer, row_kind(value), width(values[value.args[0]])))
         elif op == Op.CONCAT:
             buffer_name = new_buffer(value)
             places.append(Place(PlaceKind.BUFFER, buffer_name))
@@ -161,16 +257,35 @@ def _kernel(name: str, rows: Rows, body: Body, cell: Cell, packed: dict, target:
             for arg in value.args:
                 steps.append(Loop(arg, buffer_name, column, row_kind(value), width(values[arg]), compute=False))
                 column += width(values[arg])
-        elif op in ELEMENTWISE:
+        elif op in ELEMENTWISE or op == Op.PAD:
             if needs_address[index] or (uses[index] >= 2 and op != Op.NEG):
-                places.append(Place(PlaceKind.BUFFER, new_buffer(value)))
-                steps.append(Loop(index, places[-1].buffer, 0, row_kind(value), width(value)))
+                materialize(index, value)
             else:
                 places.append(Place(PlaceKind.INLINE))
         else:  # pragma: no cover - every op is placed above
             raise NotImplementedError(f"schedule has no rule for {op}")
 
+    steps += accumulate
+    dag = cell.structure.value == "dag"
     for result_name, index in body.results:
-        steps.append(Store(index, target, result_name, width(values[index])))
-    child_ks = tuple(sorted({v.attr("k") for v in values if v.op == Op.CHILD_STATE_AT}))
-    return Kernel(name, rows, body, tuple(places), tuple(buffers), tuple(steps), child_ks)
+        kind, *rest = result_name.split("/")
+        value_width = width(values[index])
+        if kind == "d_param":
+            continue
+        if kind not in _GRADIENT_STORES:  # a forward kernel: states, hoisted rows, outputs
+            target = {"": "state", "state": "state"}.get(adjoints, "state")
+            target = "pre" if name == "pre" else "output" if name.startswith("out_") else target
+            steps.append(Store(index, target, result_name, value_width))
+            continue
+        mode, store_rows = _GRADIENT_STORES[kind]
+        if dag and kind in ("d_child", "d_child_at"):
+            mode = "atomic_add"  # a shared child's parents may be in the same level
+        if kind == "d_child_at":
+            steps.append(Store(index, kind, rest[1], value_width, store_rows, mode, k=int(rest[0])))
+        elif kind == "d_embed":
+            steps.append(Store(index, kind, rest[0], value_width, store_rows, mode, index_input=rest[1]))
+        else:
+            steps.append(Store(index, kind, rest[0], value_width, store_rows, mode))
+    child_ks = tuple(sorted({v.attr("k") for v in values if v.op == Op.CHILD_STATE_AT}
+                            | {s.k for s in steps if isinstance(s, Store) and s.target == "d_child_at"}))
+    return Kernel(name, rows, body, tuple(places), tuple(buffers), tuple(steps), child_ks, adjoints)

@@ -88,7 +88,9 @@ def _fold(value: Value, args: list[Lowered], arg_values: list[Value], builder: B
         if folded is not None:
             return folded
     new_args = tuple(materialize(a, v) for a, v in zip(args, arg_values))
-    return builder.add(op, new_args, value.shape, value.domain, value.attrs, value.dtype, loc=value.loc)
+    # folding can turn a per-node operand into a constant: the result varies only as its operands do
+    domain = max((builder.values[a].domain for a in new_args), default=value.domain)
+    return builder.add(op, new_args, value.shape, domain, value.attrs, value.dtype, loc=value.loc)
 
 
 def _fold_zero(value: Value, args, arg_values, zeros, const) -> Lowered | None:

@@ -19,8 +19,9 @@ from pathlib import Path
 
 from cortexc.errors import BuildError
 
-#: -ffast-math for vectorised expf/tanhf (glibc's libmvec), but keep inf/NaN semantics
-C_FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-finite-math-only", "-fPIC", "-shared",
+#: -ffast-math in full: glibc declares its vector expf/tanhf (libmvec) only under __FAST_MATH__, which any
+#: -fno-* refinement undefines; the kernels use -FLT_MAX, not -INFINITY, as the identity of max for that reason
+C_FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-shared",
            "-std=gnu11", "-Wall", "-Wno-unused-function", "-Wno-unused-variable")
 C_LIBS = ("-lm",)  # last on the line: vector math from -ffast-math needs libm after the objects
 

@@ -41,11 +41,33 @@ class CxCall(ctypes.Structure):
     ]
 
 
-def _pointers(arrays: list[np.ndarray]) -> Any:
+class CxGrad(ctypes.Structure):
+    _fields_ = [
+        ("d_params", _P),
+        ("d_inputs", _P),
+        ("d_states", _P),
+        ("d_hoisted", _P),
+        ("upstream", _P),
+    ]
+
+
+def _pointers(arrays: list[np.ndarray | None]) -> Any:
+    """A C array of pointers (NULL for None); the caller keeps the arrays alive."""
     table = (_P * max(len(arrays), 1))()
     for index, array in enumerate(arrays):
-        table[index] = array.ctypes.data
+        table[index] = None if array is None else array.ctypes.data
     return table
+
+
+class Saved:
+    """What a forward keeps for the backward: the full state arrays (with the zero row) and hoisted rows."""
+
+    def __init__(self, lin: Linearized, inputs: list[np.ndarray], states: list[np.ndarray],
+                 hoisted: list[np.ndarray]):
+        self.lin = lin
+        self.inputs = inputs
+        self.states = states
+        self.hoisted = hoisted
 
 
 class CpuExecutor:
@@ -60,6 +82,9 @@ class CpuExecutor:
         self.lib.cx_packed_floats.restype = ctypes.c_int64
         self.lib.cx_pack_weight.argtypes = [_P, ctypes.c_int, ctypes.c_int, _P]
         self.lib.cx_pack_weight.restype = None
+        if hasattr(self.lib, "cx_backward"):
+            self.lib.cx_backward.argtypes = [ctypes.POINTER(CxCall), ctypes.POINTER(CxGrad)]
+            self.lib.cx_backward.restype = ctypes.c_int
         self._params: list[np.ndarray] = []
         self._packed: list[np.ndarray] = []
 
@@ -69,25 +94,18 @@ class CpuExecutor:
         self._params = [np.ascontiguousarray(params[name], dtype=np.float32) for name in abi["params"]]
         self._packed = []
         for weight in self.spec["packed"]:
-            stacked = np.ascontiguousarray(np.concatenate([params[p] for p in weight["params"]], axis=0),
-                                           dtype=np.float32)
+            transposed = weight.get("transposed") or [False] * len(weight["params"])
+            parts = [params[p].T if t else params[p] for p, t in zip(weight["params"], transposed)]
+            stacked = np.ascontiguousarray(np.concatenate(parts, axis=0), dtype=np.float32)
             packed = np.empty(self.lib.cx_packed_floats(weight["m"], weight["k"]), dtype=np.float32)
             self.lib.cx_pack_weight(stacked.ctypes.data, weight["m"], weight["k"], packed.ctypes.data)
             self._packed.append(packed)
 
-    def forward(self, lin: Linearized, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        abi = self.spec["abi"]
-        n = lin.num_nodes
-        states = [np.zeros((n + 1, *shape), np.float32) for shape in self.spec["state_shapes"]]
-        internal = n - lin.num_leaves
-        hoisted = [np.empty((internal, width), np.float32) for width in self.spec["hoisted_widths"]]
-        outputs = []
-        for out in self.spec["outputs"]:
-            rows = len(lin.roots) if out["at_root"] else n
-            outputs.append(np.empty((rows, *out["shape"]), np.float32))
-        input_arrays = [inputs[name] for name in abi["inputs"]]
+    def _call(self, lin: Linearized, input_arrays: list[np.ndarray], states: list[np.ndarray],
+              hoisted: list[np.ndarray], outputs: list[np.ndarray]) -> tuple[CxCall, list[Any]]:
+        """The `cx_call` struct over these arrays, and the pointer tables that must outlive it."""
         call = CxCall(
-            num_nodes=n,
+            num_nodes=lin.num_nodes,
             num_levels=lin.num_levels,
             max_children=lin.max_children,
             num_roots=len(lin.roots),
@@ -107,10 +125,58 @@ class CpuExecutor:
         }
         for field, table in tables.items():
             setattr(call, field, ctypes.cast(table, _P))
+        return call, list(tables.values())
+
+    def forward(self, lin: Linearized, inputs: Mapping[str, np.ndarray],
+                keep: bool = False) -> tuple[dict[str, np.ndarray], Saved | None]:
+        """States and outputs; with `keep`, also what `backward` needs."""
+        abi = self.spec["abi"]
+        n = lin.num_nodes
+        states = [np.zeros((n + 1, *shape), np.float32) for shape in self.spec["state_shapes"]]
+        internal = n - lin.num_leaves
+        hoisted = [np.empty((internal, width), np.float32) for width in self.spec["hoisted_widths"]]
+        outputs = []
+        for out in self.spec["outputs"]:
+            rows = len(lin.roots) if out["at_root"] else n
+            outputs.append(np.empty((rows, *out["shape"]), np.float32))
+        input_arrays = [inputs[name] for name in abi["inputs"]]
+        call, _tables = self._call(lin, input_arrays, states, hoisted, outputs)
         if n:
             status = self.lib.cx_forward(ctypes.byref(call))
             if status != 0:
                 raise CortexcError("the compiled forward could not allocate its scratch memory")
         result = {name: state[:n] for name, state in zip(abi["states"], states)}
         result.update(zip(abi["outputs"], outputs))
-        return result
+        return result, (Saved(lin, input_arrays, states, hoisted) if keep else None)
+
+    def backward(self, saved: Saved, upstream: Mapping[str, np.ndarray],
+                 param_shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+        """Gradients of every param and float input from upstream gradients of states and outputs."""
+        abi = self.spec["abi"]
+        lin = saved.lin
+        n = lin.num_nodes
+        d_params = [np.zeros(param_shapes[name], np.float32) for name in abi["params"]]
+        input_specs = {i["name"]: i for i in self.spec["inputs"]}
+        d_inputs = [None if input_specs[name]["dtype"] == "int32" else np.zeros_like(array)
+                    for name, array in zip(abi["inputs"], saved.inputs)]
+        d_states = []
+        for name, state in zip(abi["states"], saved.states):
+            d_state = np.zeros_like(state)
+            if name in upstream:
+                d_state[:n] = upstream[name]
+            d_states.append(d_state)
+        d_hoisted = [np.zeros_like(h) for h in saved.hoisted]
+        upstream_outputs = [None if name not in upstream else np.ascontiguousarray(upstream[name], np.float32)
+                            for name in abi["outputs"]]
+        outputs = [np.empty(0, np.float32) for _ in abi["outputs"]]
+        call, _tables = self._call(lin, saved.inputs, saved.states, saved.hoisted, outputs)
+        grad_tables = [_pointers(d_params), _pointers(d_inputs), _pointers(d_states), _pointers(d_hoisted),
+                       _pointers(upstream_outputs)]
+        grad = CxGrad(*(ctypes.cast(table, _P) for table in grad_tables))
+        if n:
+            status = self.lib.cx_backward(ctypes.byref(call), ctypes.byref(grad))
+            if status != 0:
+                raise CortexcError("the compiled backward could not allocate its scratch memory")
+        grads = dict(zip(abi["params"], d_params))
+        grads.update((name, d) for name, d in zip(abi["inputs"], d_inputs) if d is not None)
+        return grads

@@ -12,6 +12,7 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import numpy as np
@@ -53,8 +54,8 @@ class CellModel:
     # --- params ---------------------------------------------------------------
     @property
     def params(self) -> Mapping[str, np.ndarray]:
-        """Name -> float32 array (read-only; use `load_params` to change them)."""
-        return self._params
+        """Name -> float32 array (read-only, arrays and mapping; use `load_params` to change them)."""
+        return MappingProxyType(self._params)
 
     def load_params(self, params: Mapping[str, np.ndarray] | str | os.PathLike) -> None:
         """Replace some or all params (a dict or an `.npz` path); every shape is checked."""
@@ -77,13 +78,14 @@ class CellModel:
         checked = check_inputs(self.cell, forest, inputs)
         if self.device == "interp":
             out = interp.run(self.cell, forest, self._params, checked)
+            kept = None
         else:
             from cortexc.runtime.linearize import linearize
 
-            out = self._cpu().forward(linearize(forest), checked)
+            out, kept = self._cpu().forward(linearize(forest), checked, keep=grad)
         result = Outputs(out)
         if grad:
-            result.saved = (forest, checked, {s.name: out[s.name] for s in self.cell.states})
+            result.saved = (forest, checked, {s.name: out[s.name] for s in self.cell.states}, kept)
         return result
 
     def backward(self, out: Outputs, upstream: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -91,7 +93,7 @@ class CellModel:
         saved = getattr(out, "saved", None)
         if saved is None:
             raise CortexcError("backward needs the result of model(forest, grad=True, ...)")
-        forest, inputs, states = saved
+        forest, inputs, states, kept = saved
         checked = {}
         for name, grad in upstream.items():
             if name not in out:
@@ -101,9 +103,10 @@ class CellModel:
             if array.shape != out[name].shape:
                 raise InputError(f"the gradient of {name} must have shape {out[name].shape}, got {array.shape}")
             checked[name] = np.ascontiguousarray(array, dtype=np.float32)
-        if self.device != "interp":
-            raise CortexcError("the compiled backward is not built yet: run training models with device='interp'")
-        return interp.backward(self.cell, forest, self._params, inputs, states, checked)
+        if self.device == "interp":
+            return interp.backward(self.cell, forest, self._params, inputs, states, checked)
+        shapes = {p.name: p.shape for p in self.cell.params}
+        return self._cpu().backward(kept, checked, shapes)
 
     def _cpu(self):
         if self._executor is None:

@@ -1,0 +1,61 @@
+"""The compiled backward (device="cpu") against the interpreter's backward, for every spec example."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cortexc
+from cortexc import Forest
+from tests.conftest import EXAMPLES, random_inputs
+
+DIMS = {"X": 9, "H": 7, "V": 20, "C": 3}
+
+
+def _forest(cell, rng: np.random.Generator) -> Forest:
+    if cell.structure.value == "dag":
+        return Forest.random_dag(40, rng=rng)
+    if cell.arity == 1:
+        chains = [Forest.from_parents([i + 1 if i < n - 1 else -1 for i in range(n)]) for n in (6, 3, 1)]
+        return Forest.concat(chains)
+    return Forest.random(6, rng=rng, binary=cell.arity == 2, max_children=cell.arity or 5, max_nodes=15)
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.cell")), ids=lambda p: p.stem)
+def test_compiled_gradients_match_the_interpreter(path, rng, tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    declared = dict(cortexc.compile_file(path)[0].dims)
+    module = cortexc.load(path, out_dir=tmp_path_factory.mktemp("pkg"),
+                          **{k: v for k, v in DIMS.items() if k in declared})
+    cls = getattr(module, module.__all__[0])
+    compiled, reference = cls(device="cpu", seed=3), cls(device="interp", seed=3)
+    params = {k: v + 0.1 * rng.standard_normal(v.shape).astype(np.float32) for k, v in compiled.params.items()}
+    compiled.load_params(params)
+    reference.load_params(params)
+    forest = _forest(compiled.cell, rng)
+    inputs = random_inputs(compiled.cell, forest, rng)
+    out_c = compiled(forest, grad=True, **inputs)
+    out_r = reference(forest, grad=True, **inputs)
+    upstream = {name: rng.standard_normal(value.shape).astype(np.float32) for name, value in out_r.items()}
+    grads_c = compiled.backward(out_c, upstream)
+    grads_r = reference.backward(out_r, upstream)
+    assert set(grads_c) == set(grads_r)
+    for name, expected in grads_r.items():
+        error = np.abs(grads_c[name] - expected).max() / (np.abs(expected).max() + 1e-30)
+        assert error < 1e-5, f"d{name}: relative error {error:.2e}"
+
+
+def test_only_some_upstream_gradients(rng, tmp_path_factory, monkeypatch):
+    """An output without an upstream gradient contributes nothing (its gradient kernel is skipped)."""
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    module = cortexc.load(EXAMPLES / "binary_treelstm.cell", out_dir=tmp_path_factory.mktemp("pkg"), **DIMS)
+    compiled = module.BinaryTreeLSTM(device="cpu", seed=1)
+    reference = module.BinaryTreeLSTM(device="interp", seed=1)
+    forest = Forest.random(5, rng=rng, binary=True)
+    inputs = random_inputs(compiled.cell, forest, rng)
+    out_c, out_r = compiled(forest, grad=True, **inputs), reference(forest, grad=True, **inputs)
+    upstream = {"h": rng.standard_normal(out_r["h"].shape).astype(np.float32)}
+    grads_c, grads_r = compiled.backward(out_c, upstream), reference.backward(out_r, upstream)
+    assert not grads_c["W_s"].any() and not grads_c["b_s"].any()
+    for name, expected in grads_r.items():
+        assert np.allclose(grads_c[name], expected, rtol=1e-5, atol=1e-6 * np.abs(expected).max())

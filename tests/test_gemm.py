@@ -1,0 +1,255 @@
+"""The float32 GEMM micro-kernel template (codegen/templates/gemm.h.j2), compiled with gcc and checked
+against NumPy float64 matmul through a small ctypes harness."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import jinja2
+import numpy as np
+import pytest
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "cortexc" / "codegen" / "templates"
+RTOL = 1e-5
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not found (needed to compile the kernel)")
+
+HARNESS = r"""
+#include <stdlib.h>
+#include <omp.h>
+#include "gemm.h"
+
+int t_nr(void) { return CX_NR; }
+int t_mr(void) { return CX_MR; }
+size_t t_packed_size(int M, int K) { return cx_packed_size(M, K); }
+void t_pack(const float *W, int M, int K, int ldw, float *packed) { cx_pack(W, M, K, ldw, packed); }
+
+/* Row r of the product reads A + idx[r]*lda, or the shared zero row when idx[r] < 0 (a fused gather).
+   p0 < 0: all panels through cx_gemm_rows_all.  threads > 1: split rows (split=0) or panels (split=1)
+   with OpenMP, the way generated kernels do. */
+void t_gemm(int rows, const float *A, int lda, const int *idx, const float *zero, int K, const float *packed,
+            int M, int p0, int p1, float *c, int ldc, int acc, int threads, int split)
+{
+    const float **a = malloc(sizeof(*a) * (rows > 0 ? rows : 1));
+    for (int r = 0; r < rows; r++)
+        a[r] = idx[r] < 0 ? zero : A + (size_t)idx[r] * lda;
+    if (threads <= 1) {
+        if (p0 < 0)
+            cx_gemm_rows_all(rows, a, K, packed, M, c, ldc, acc);
+        else
+            cx_gemm_rows(rows, a, K, packed, M, p0, p1, c, ldc, acc);
+    } else {
+        int panels = (M + CX_NR - 1) / CX_NR;
+        #pragma omp parallel num_threads(threads)
+        {
+            int t = omp_get_thread_num(), n = omp_get_num_threads();
+            if (split == 0) {
+                int r0 = rows * t / n, r1 = rows * (t + 1) / n;
+                cx_gemm_rows_all(r1 - r0, a + r0, K, packed, M, c + (size_t)r0 * ldc, ldc, acc);
+            } else {
+                cx_gemm_rows(rows, a, K, packed, M, panels * t / n, panels * (t + 1) / n, c, ldc, acc);
+            }
+        }
+    }
+    free(a);
+}
+"""
+
+NATIVE = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror"]
+# No -march and ISO C99: the vector extensions must still compile (as SSE / scalar code) and stay correct.
+GENERIC = ["-O2", "-std=c99", "-fopenmp", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror"]
+
+# (name, nr, mr, gcc flags)
+BUILDS = [
+    ("avx512-nr16-mr8", 16, 8, NATIVE),
+    ("avx2-nr8-mr6", 8, 6, NATIVE),
+    ("portable-nr4-mr6", 4, 6, NATIVE),
+    ("generic-c99-nr8-mr5", 8, 5, GENERIC),
+    ("generic-c99-nr4-mr3", 4, 3, GENERIC),
+]
+
+
+def render(nr: int, mr: int) -> str:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined)
+    return env.get_template("gemm.h.j2").render(nr=nr, mr=mr)
+
+
+class Kernel:
+    """ctypes view of one compiled (nr, mr) build."""
+
+    def __init__(self, so: Path):
+        lib = ctypes.CDLL(str(so))
+        fp, ip, i = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int), ctypes.c_int
+        lib.t_packed_size.restype = ctypes.c_size_t
+        lib.t_packed_size.argtypes = [i, i]
+        lib.t_pack.restype = None
+        lib.t_pack.argtypes = [fp, i, i, i, fp]
+        lib.t_gemm.restype = None
+        lib.t_gemm.argtypes = [i, fp, i, ip, fp, i, fp, i, i, i, fp, i, i, i, i]
+        self.lib = lib
+        self.nr = lib.t_nr()
+        self.mr = lib.t_mr()
+
+    def pack(self, W: np.ndarray) -> np.ndarray:
+        """Pack W[M][K] (any row stride) into cx panels."""
+        M, K = W.shape
+        assert W.dtype == np.float32 and W.strides[1] == 4
+        packed = np.full(self.lib.t_packed_size(M, K), np.nan, np.float32)
+        self.lib.t_pack(_fp(W), M, K, W.strides[0] // 4, _fp(packed))
+        return packed
+
+    def gemm(self, A, idx, packed, M, K, c, acc, p0=-1, p1=-1, threads=1, split=0) -> None:
+        """c[r, :M] (+)= gather(A, idx)[r] @ W.T; c may be a column slice of a wider (padded) array."""
+        assert all(x.size == 0 or x.strides[1] == 4 for x in (A, c))
+        zero = np.zeros(K, np.float32)
+        idx = np.ascontiguousarray(idx, np.int32)
+        self.lib.t_gemm(len(idx), _fp(A), _ld(A), idx.ctypes.data_as(ctypes.POINTER(ctypes.c_int)),
+                        _fp(zero), K, _fp(packed), M, p0, p1, _fp(c), _ld(c), acc, threads, split)
+
+
+def _ld(a: np.ndarray) -> int:
+    """Leading dimension (row stride in floats) of a 2-D float32 array."""
+    return a.strides[0] // 4 if a.size else max(a.shape[1], 1)
+
+
+def _fp(a: np.ndarray):
+    return a.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+
+
+@pytest.fixture(scope="module", params=BUILDS, ids=[b[0] for b in BUILDS])
+def kernel(request, tmp_path_factory) -> Kernel:
+    name, nr, mr, flags = request.param
+    d = tmp_path_factory.mktemp(name)
+    (d / "gemm.h").write_text(render(nr, mr))
+    (d / "harness.c").write_text(HARNESS)
+    so = d / "harness.so"
+    proc = subprocess.run(["gcc", *flags, "-o", str(so), str(d / "harness.c")], capture_output=True, text=True)
+    assert proc.returncode == 0, f"gcc failed for {name}:\n{proc.stderr}"
+    k = Kernel(so)
+    assert (k.nr, k.mr) == (nr, mr)
+    return k
+
+
+def gathered(rng, rows: int, K: int, n_state: int = 13):
+    """A state array with padded rows (lda > K) and a gather index with repeats and zero rows (-1)."""
+    A = rng.standard_normal((n_state, K + 5)).astype(np.float32)[:, :K]
+    idx = rng.integers(-1, n_state, rows).astype(np.int32)
+    if rows >= 3:
+        idx[1] = idx[2] = 4  # a repeat
+        idx[0] = -1  # the shared zero row
+    return A, idx
+
+
+def reference(A, idx, W, c0, acc) -> np.ndarray:
+    a = np.where((idx >= 0)[:, None], A[np.maximum(idx, 0)], 0).astype(np.float64)
+    out = a @ W.astype(np.float64).T
+    return out + c0.astype(np.float64) if acc else out
+
+
+def check_close(got, want, what: str) -> None:
+    scale = max(float(np.abs(want).max(initial=0.0)), 1e-30)
+    err = float(np.abs(got.astype(np.float64) - want).max(initial=0.0)) / scale
+    assert np.isfinite(got).all() and err <= RTOL, f"{what}: relative error {err:.3g}"
+
+
+def test_render_is_strict_and_clean():
+    src = render(16, 8)
+    assert "{{" not in src and "{%" not in src
+    for sym in ("cx_packed_size(int M, int K)", "cx_pack(const float *W, int M, int K, int ldw, float *packed)",
+                "cx_gemm_rows(int rows, const float *const *a_rows, int K, const float *packed, int M,",
+                "cx_gemm_rows_all(int rows, const float *const *a_rows, int K, const float *packed, int M,"):
+        assert sym in src
+    with pytest.raises(jinja2.UndefinedError):
+        jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined) \
+            .get_template("gemm.h.j2").render(nr=16)
+
+
+@pytest.mark.parametrize("K", [1, 3, 300])
+def test_pack_layout(kernel, K, rng):
+    nr = kernel.nr
+    for M in (1, nr - 1, nr, nr + 1, 450):
+        if M < 1:
+            continue
+        W = rng.standard_normal((M, K + 7)).astype(np.float32)[:, :K]  # ldw > K
+        packed = kernel.pack(W)
+        panels = -(-M // nr)
+        assert packed.size == panels * K * nr
+        padded = np.zeros((panels * nr, K), np.float32)
+        padded[:M] = W
+        # packed[p*K*NR + k*NR + j] = W[p*NR + j][k], zero past M
+        want = padded.reshape(panels, nr, K).transpose(0, 2, 1).ravel()
+        np.testing.assert_array_equal(packed, want, err_msg=f"M={M} K={K}")
+
+
+@pytest.mark.parametrize("acc", [0, 1])
+@pytest.mark.parametrize("M_kind", ["1", "NR-1", "NR+1", "450", "750"])
+def test_gemm_matches_numpy(kernel, M_kind, acc, rng):
+    nr, mr = kernel.nr, kernel.mr
+    M = eval(M_kind, {"NR": nr})
+    if M < 1:
+        pytest.skip("M < 1")
+    for K in (1, 3, 300):
+        W = rng.standard_normal((M, K)).astype(np.float32)
+        packed = kernel.pack(W)
+        for rows in sorted({0, 1, max(mr - 1, 0), mr, mr + 1, 2 * mr, 37}):
+            A, idx = gathered(rng, rows, K)
+            pad = 3  # ldc > M: the padding columns must stay untouched
+            c = rng.standard_normal((rows, M + pad)).astype(np.float32)
+            if not acc:
+                c[:, :M] = np.nan  # overwrite mode must not read C
+            before = c.copy()
+            kernel.gemm(A, idx, packed, M, K, c[:, :M], acc)
+            want = reference(A, idx, W, before[:, :M], acc)
+            check_close(c[:, :M], want, f"rows={rows} K={K} M={M} acc={acc}")
+            np.testing.assert_array_equal(c[:, M:], before[:, M:], err_msg="wrote past column M")
+
+
+@pytest.mark.parametrize("acc", [0, 1])
+def test_panel_ranges_write_only_their_columns(kernel, acc, rng):
+    nr, mr = kernel.nr, kernel.mr
+    K, rows = 37, 2 * mr + 3
+    for M in (450, 5 * nr + 3):
+        panels = -(-M // nr)
+        W = rng.standard_normal((M, K)).astype(np.float32)
+        packed = kernel.pack(W)
+        A, idx = gathered(rng, rows, K)
+        full = reference(A, idx, W, np.zeros((rows, M)), 0)
+        ranges = {(0, 1), (1, 2), (3, 4), (2, 7), (0, 3), (5, panels), (panels - 1, panels), (0, panels),
+                  (4, 4), (panels - 3, panels)}
+        for p0, p1 in sorted(ranges):
+            c0 = rng.standard_normal((rows, M)).astype(np.float32)
+            c = c0.copy()
+            kernel.gemm(A, idx, packed, M, K, c, acc, p0, p1)
+            lo, hi = p0 * nr, min(p1 * nr, M)
+            want = full[:, lo:hi] + (c0[:, lo:hi] if acc else 0)
+            check_close(c[:, lo:hi], want, f"M={M} panels [{p0},{p1}) acc={acc}")
+            untouched = np.ones(M, bool)
+            untouched[lo:hi] = False
+            np.testing.assert_array_equal(c[:, untouched], c0[:, untouched],
+                                          err_msg=f"M={M} panels [{p0},{p1}) wrote outside its columns")
+
+
+@pytest.mark.parametrize("split", [0, 1], ids=["rows", "panels"])
+def test_openmp_split(kernel, split, rng):
+    K, M, rows = 300, 750, 101
+    W = rng.standard_normal((M, K)).astype(np.float32)
+    packed = kernel.pack(W)
+    A, idx = gathered(rng, rows, K, n_state=64)
+    c0 = rng.standard_normal((rows, M)).astype(np.float32)
+    c = c0.copy()
+    kernel.gemm(A, idx, packed, M, K, c, 1, threads=2, split=split)
+    check_close(c, reference(A, idx, W, c0, 1), f"2 threads split={split}")
+
+
+def test_level_batch_shape(kernel, rng):
+    """One realistic level-batch shape end to end (256 gathered rows, K=600, M=1280)."""
+    rows, K, M = 256, 600, 1280
+    W = (rng.standard_normal((M, K)) / np.sqrt(K)).astype(np.float32)
+    packed = kernel.pack(W)
+    A, idx = gathered(rng, rows, K, n_state=512)
+    c = np.full((rows, M), np.nan, np.float32)
+    kernel.gemm(A, idx, packed, M, K, c, 0)
+    check_close(c, reference(A, idx, W, c, 0), "256x600x1280")
