@@ -10,7 +10,9 @@ are ready: a failed compile leaves nothing half-written.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import keyword
 import os
 import shutil
 import tempfile
@@ -37,6 +39,8 @@ def package_name(path: str | os.PathLike) -> str:
     name = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in stem)
     if not name or name[0].isdigit():
         name = f"cell_{name}"
+    if keyword.iskeyword(name) or keyword.issoftkeyword(name) or name in ("None", "True", "False"):
+        name += "_"  # `import class` is a syntax error; `import class_` is not
     return name
 
 
@@ -89,7 +93,9 @@ def write_package(source: str, source_file: str, out_dir: str | os.PathLike,
         target: Target = TARGETS["c"]
         kernel_file = f"{cell.name}{target.source_suffix}"
         files[kernel_file] = render_c(program, target, source_file)
-        specs.append(cell_spec(cell, program, kernel_file))
+        spec = cell_spec(cell, program, kernel_file)
+        spec["kernel_sha256"] = {"c": hashlib.sha256(files[kernel_file].encode()).hexdigest()}
+        specs.append(spec)
     description = {
         "format": FORMAT_VERSION,
         "cortexc": __version__,
@@ -105,17 +111,53 @@ def write_package(source: str, source_file: str, out_dir: str | os.PathLike,
         cell_names=[c.name for c in cells],
         kernel_files=[s["kernels"]["c"] for s in specs],
     )
-    out = Path(out_dir)
+    return _install(Path(out_dir), name, files)
+
+
+def _install(out: Path, name: str, files: dict[str, str]) -> Path:
+    """Put the package in `out/name` whole or not at all; an identical package already there is kept as is.
+
+    The files are written to a staging directory and renamed into place, so a
+    reader never sees a half-written package, and concurrent writers of the
+    same package (several processes calling `cortexc.load`) all succeed.
+    """
     out.mkdir(parents=True, exist_ok=True)
     final = out / name
+    if _same_contents(final, files):
+        return final
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out))
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it private; a package is as readable as any file
         for file_name, text in files.items():
             (staging / file_name).write_text(text, encoding="utf-8")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(staging, final)
-    except BaseException:
+        if final.is_symlink() or final.is_file():
+            final.unlink()
+        elif final.exists():
+            retired = Path(tempfile.mkdtemp(prefix=f".{name}-old-", dir=out))
+            try:
+                os.replace(final, retired / name)
+            except FileNotFoundError:
+                pass  # another writer moved it first
+            shutil.rmtree(retired, ignore_errors=True)
+        try:
+            os.replace(staging, final)
+        except OSError:
+            if not _same_contents(final, files):  # a concurrent writer installed something else
+                raise
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
-        raise
     return final
+
+
+def _same_contents(directory: Path, files: dict[str, str]) -> bool:
+    if not directory.is_dir() or directory.is_symlink():
+        return False
+    present = {p.name for p in directory.iterdir()}
+    if present != set(files):
+        return False
+    try:
+        return all((directory / n).read_text(encoding="utf-8") == text for n, text in files.items())
+    except OSError:
+        return False

@@ -69,7 +69,7 @@ def build_shared(source: str, name: str, source_path: str | os.PathLike | None =
         command = [compiler, *flags, "-o", str(output), str(c_file), *C_LIBS]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
-            shown = source_path or c_file
+            shown = source_path or f"C source of {name} (not kept: nothing failed is cached)"
             raise BuildError(f"compiling the generated {shown} failed:\n{result.stderr.strip()}")
         os.replace(output, library)
     return library

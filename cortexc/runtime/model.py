@@ -8,6 +8,7 @@ hash) or ``"interp"`` (the reference interpreter, the eager baseline).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -37,6 +38,7 @@ class CellModel:
     """A compiled cell. Subclasses are made by `load_package`; do not instantiate this directly."""
 
     _package: ClassVar[Path]
+    _kernel_source: ClassVar[str]  # read when the package is imported, checked against its recorded hash
     _description: ClassVar[dict[str, Any]]
     _spec: ClassVar[dict[str, Any]]
     cell: ClassVar[Cell]  # the checked IR of the cell (what inputs are validated against)
@@ -114,8 +116,8 @@ class CellModel:
             from cortexc.runtime.cpu import CpuExecutor
 
             kernel_path = type(self)._package / self._spec["kernels"]["c"]
-            source = kernel_path.read_text(encoding="utf-8")
-            library = build_shared(source, f"{self._description['package']}_{self.cell.name}", kernel_path)
+            library = build_shared(type(self)._kernel_source, f"{self._description['package']}_{self.cell.name}",
+                                   kernel_path)
             executor = CpuExecutor(self._spec, library)
             executor.set_params(self._params)
             self._executor = executor
@@ -144,7 +146,13 @@ def load_package(directory: str | os.PathLike) -> dict[str, type[CellModel]]:
                                                description["defines"])}
     classes: dict[str, type[CellModel]] = {}
     for spec in description["cells"]:
+        kernel_path = directory / spec["kernels"]["c"]
+        kernel_source = kernel_path.read_text(encoding="utf-8")
+        if hashlib.sha256(kernel_source.encode()).hexdigest() != spec["kernel_sha256"]["c"]:
+            raise CortexcError(f"{kernel_path} does not match {directory / 'cell.json'} (the package was changed "
+                               "after it was generated): compile it again")
         attributes = {
+            "_kernel_source": kernel_source,
             "_package": directory,
             "_description": description,
             "_spec": spec,

@@ -1,0 +1,183 @@
+"""Training helpers in NumPy: optimizers over a params dict, cross-entropy, accuracy, batches.
+
+A model's params are read-only arrays, so an optimizer never updates in place: ``step``
+returns new arrays, and one training step is::
+
+    out = model(forest, grad=True, word=ids)
+    loss, d_logits = softmax_cross_entropy(out["logits"], forest.labels)
+    grads = model.backward(out, {"logits": d_logits})
+    model.load_params(opt.step(model.params, grads))
+
+The optimizers follow ``torch.optim`` (`SGD`, `Adagrad`, `Adam`, with the same defaults and
+update rules, weight decay included), keep their state per param name in float64, and return
+arrays of each param's own dtype. A param without a gradient is returned unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TypeVar
+
+import numpy as np
+
+from cortexc.errors import InputError
+
+__all__ = ["SGD", "Adagrad", "Adam", "Optimizer", "accuracy", "batches", "softmax_cross_entropy"]
+
+T = TypeVar("T")
+
+
+class Optimizer:
+    """Base class: checks the names and shapes of the gradients, keeps per-param state by name."""
+
+    def __init__(self, lr: float, weight_decay: float = 0.0):
+        if not lr > 0:
+            raise ValueError(f"lr must be > 0, got {lr}")
+        if weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        self.lr = float(lr)
+        self.weight_decay = float(weight_decay)
+        self.state: dict[str, dict[str, np.ndarray | int]] = {}
+
+    def step(self, params: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """New values of every param (copies of those without a gradient)."""
+        unknown = sorted(set(grads) - set(params))
+        if unknown:
+            raise InputError(f"gradients for unknown params: {', '.join(unknown)}")
+        new: dict[str, np.ndarray] = {}
+        for name, value in params.items():
+            value = np.asarray(value)
+            if name not in grads:
+                new[name] = value.copy()
+                continue
+            grad = np.asarray(grads[name], dtype=np.float64)
+            if grad.shape != value.shape:
+                raise InputError(f"the gradient of {name} has shape {grad.shape}, the param {value.shape}")
+            p = value.astype(np.float64)
+            if self.weight_decay:
+                grad = grad + self.weight_decay * p
+            state = self.state.setdefault(name, {})
+            new[name] = self._update(p, grad, state).astype(value.dtype)
+        return new
+
+    def _update(self, p: np.ndarray, grad: np.ndarray, state: dict) -> np.ndarray:  # pragma: no cover
+        raise NotImplementedError
+
+
+class SGD(Optimizer):
+    """``p -= lr * g``; with momentum ``b = momentum * b + g`` (b = g at the first step), ``p -= lr * b``
+    (torch.optim.SGD with dampening 0, not Nesterov)."""
+
+    def __init__(self, lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
+        super().__init__(lr, weight_decay)
+        if momentum < 0:
+            raise ValueError(f"momentum must be >= 0, got {momentum}")
+        self.momentum = float(momentum)
+
+    def _update(self, p: np.ndarray, grad: np.ndarray, state: dict) -> np.ndarray:
+        if self.momentum:
+            buf = state.get("momentum_buffer")
+            buf = grad.copy() if buf is None else self.momentum * buf + grad
+            state["momentum_buffer"] = buf
+            grad = buf
+        return p - self.lr * grad
+
+
+class Adagrad(Optimizer):
+    """``s += g * g``; ``p -= lr * g / (sqrt(s) + eps)``, s starting at ``initial_accumulator``
+    (torch.optim.Adagrad, lr_decay 0)."""
+
+    def __init__(self, lr: float = 0.01, eps: float = 1e-10, initial_accumulator: float = 0.0,
+                 weight_decay: float = 0.0):
+        super().__init__(lr, weight_decay)
+        if initial_accumulator < 0:
+            raise ValueError(f"initial_accumulator must be >= 0, got {initial_accumulator}")
+        self.eps = float(eps)
+        self.initial_accumulator = float(initial_accumulator)
+
+    def _update(self, p: np.ndarray, grad: np.ndarray, state: dict) -> np.ndarray:
+        total = state.get("sum")
+        if total is None:
+            total = np.full(p.shape, self.initial_accumulator)
+        total = total + grad * grad
+        state["sum"] = total
+        return p - self.lr * grad / (np.sqrt(total) + self.eps)
+
+
+class Adam(Optimizer):
+    """Adam with bias correction (torch.optim.Adam, not AMSGrad): ``m``, ``v`` moving averages of
+    ``g`` and ``g * g``; ``p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``."""
+
+    def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0):
+        super().__init__(lr, weight_decay)
+        if not all(0 <= b < 1 for b in betas):
+            raise ValueError(f"betas must be in [0, 1), got {betas}")
+        self.betas = (float(betas[0]), float(betas[1]))
+        self.eps = float(eps)
+
+    def _update(self, p: np.ndarray, grad: np.ndarray, state: dict) -> np.ndarray:
+        b1, b2 = self.betas
+        t = int(state.get("step", 0)) + 1
+        m = b1 * state.get("exp_avg", np.zeros(p.shape)) + (1 - b1) * grad
+        v = b2 * state.get("exp_avg_sq", np.zeros(p.shape)) + (1 - b2) * grad * grad
+        state.update(step=t, exp_avg=m, exp_avg_sq=v)
+        denom = np.sqrt(v) / math.sqrt(1 - b2**t) + self.eps
+        return p - (self.lr / (1 - b1**t)) * m / denom
+
+
+def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray,
+                          reduction: str = "mean") -> tuple[float, np.ndarray]:
+    """Cross-entropy of ``logits [R, C]`` against integer ``labels [R]`` (torch's
+    ``F.cross_entropy``): the loss (mean over rows, or ``reduction="sum"``) and its gradient
+    with respect to the logits, ``(softmax(logits) - onehot(labels)) / R`` for the mean, in the
+    dtype of ``logits``. Zero rows give a loss of 0 and an empty gradient."""
+    logits = np.asarray(logits)
+    labels = np.asarray(labels)
+    if logits.ndim != 2:
+        raise InputError(f"logits must be [rows, classes], got shape {logits.shape}")
+    rows, classes = logits.shape
+    if labels.shape != (rows,):
+        raise InputError(f"labels must have shape ({rows},) (one per row of the logits), got {labels.shape}")
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise InputError(f"labels must be integers, got dtype {labels.dtype}")
+    if rows and (labels.min() < 0 or labels.max() >= classes):
+        bad = int(np.flatnonzero((labels < 0) | (labels >= classes))[0])
+        raise InputError(f"label {int(labels[bad])} of row {bad} is outside [0, {classes})")
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    out_dtype = logits.dtype if np.issubdtype(logits.dtype, np.floating) else np.float64
+    if rows == 0:
+        return 0.0, np.zeros((0, classes), out_dtype)
+    z = logits.astype(np.float64)
+    shifted = z - z.max(axis=1, keepdims=True)
+    log_norm = np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    log_probs = shifted - log_norm
+    picked = np.arange(rows), labels.astype(np.int64)
+    scale = 1.0 / rows if reduction == "mean" else 1.0
+    loss = float(-log_probs[picked].sum() * scale)
+    grad = np.exp(log_probs)
+    grad[picked] -= 1.0
+    return loss, (grad * scale).astype(out_dtype)
+
+
+def accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
+    """The fraction of rows whose largest logit is at the label (0.0 for no rows)."""
+    logits = np.asarray(logits)
+    labels = np.asarray(labels)
+    if logits.ndim != 2 or labels.shape != (logits.shape[0],):
+        raise InputError(f"accuracy needs logits [R, C] and labels [R], got {logits.shape} and {labels.shape}")
+    if not len(labels):
+        return 0.0
+    return float(np.mean(logits.argmax(axis=1) == labels))
+
+
+def batches(items: Sequence[T], batch_size: int, rng: np.random.Generator | None = None) -> Iterator[list[T]]:
+    """Consecutive lists of up to ``batch_size`` items (the last may be shorter), in a random
+    order drawn from ``rng`` when given. Concatenate a batch of trees with `Forest.concat`."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    order = np.arange(len(items)) if rng is None else rng.permutation(len(items))
+    for start in range(0, len(items), batch_size):
+        yield [items[int(i)] for i in order[start:start + batch_size]]

@@ -1,0 +1,381 @@
+"""Building generated C: the cache keyed by source, flags and compiler; build errors; `cortexc compile`.
+
+gcc is counted by wrapping `subprocess.run` as cortexc.runtime.build calls it; tests that count builds
+use a cache directory of this module only (`build_cache`), the others the session's private cache.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cortexc
+from cortexc import Forest
+from cortexc.cli import main
+from cortexc.ir import interp
+from cortexc.runtime import build
+from tests.conftest import EXAMPLES, REPO, random_inputs
+
+TINY = """\
+# a small cell whose kernels build fast
+cell Tiny on tree {
+    dim X = 3, H = 4
+    input x[X]
+    param W[H, X], U[H, H]
+    state h[H]
+    node { h = tanh(W @ x + sum(U @ child.h)) }
+}
+"""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_cortexc_cache(tmp_path_factory):
+    """The session's build cache (the same directory test_compiled.py uses), never the user's."""
+    path = tmp_path_factory.getbasetemp() / "cortexc-cache"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CORTEXC_CACHE", str(path))
+        patch.setenv("OMP_WAIT_POLICY", os.environ.get("OMP_WAIT_POLICY", "passive"))
+        yield path
+
+
+@pytest.fixture(scope="module")
+def build_cache(tmp_path_factory) -> Path:
+    """A cache directory for the build-counting tests of this module."""
+    return tmp_path_factory.mktemp("build-cache")
+
+
+@pytest.fixture
+def gcc_calls(monkeypatch, build_cache) -> list[list[str]]:
+    """Every compiler invocation that builds a library (not `--version`), with this module's cache."""
+    monkeypatch.setenv("CORTEXC_CACHE", str(build_cache))
+    calls: list[list[str]] = []
+    real_run = subprocess.run
+
+    def counting_run(command, *args, **kwargs):
+        if isinstance(command, list | tuple) and "-shared" in command:
+            calls.append(list(command))
+        return real_run(command, *args, **kwargs)
+
+    monkeypatch.setattr(build.subprocess, "run", counting_run)
+    build.load_library.cache_clear()
+    yield calls
+    build.load_library.cache_clear()
+
+
+def libraries(directory: Path) -> dict[str, float]:
+    return {p.name: p.stat().st_mtime_ns for p in directory.glob("*.so")}
+
+
+def write_cell(directory: Path, text: str, stem: str = "tiny") -> Path:
+    path = directory / f"{stem}.cell"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def run_tiny(module, cell_name: str = "Tiny") -> dict[str, np.ndarray]:
+    """A fresh model (a fresh executor, so the library is looked up again) on a small forest."""
+    model = getattr(module, cell_name)(device="cpu", seed=0)
+    forest = Forest.random(4, 0, max_children=3)
+    inputs = random_inputs(model.cell, forest, np.random.default_rng(0))
+    out = model(forest, **inputs)
+    ref = interp.run(model.cell, forest, model.params, inputs)
+    for name in ref:
+        assert np.abs(out[name] - ref[name]).max() <= 1e-5 * max(np.abs(ref[name]).max(), 1.0)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cell_files(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("build-cells")
+
+
+# ----------------------------------------------------------------------------- the cache
+
+
+def test_unchanged_cell_is_not_rebuilt(gcc_calls, build_cache, cell_files):
+    path = write_cell(cell_files, TINY)
+    run_tiny(cortexc.load(path))
+    assert len(gcc_calls) <= 1  # 0 when another test of this module built it first
+    before = libraries(build_cache)
+    assert len(before) >= 1
+
+    gcc_calls.clear()
+    build.load_library.cache_clear()
+    module = cortexc.load(path)  # compiles the .cell again, writes the package again
+    run_tiny(module)
+    run_tiny(module)
+    assert gcc_calls == []
+    assert libraries(build_cache) == before  # same files, same mtimes
+
+
+def test_a_fresh_process_reuses_the_cached_library(build_cache, cell_files, monkeypatch):
+    path = write_cell(cell_files, TINY)
+    monkeypatch.setenv("CORTEXC_CACHE", str(build_cache))
+    script = textwrap.dedent(f"""
+        import numpy as np, cortexc
+        from cortexc import Forest
+        module = cortexc.load({str(path)!r})
+        model = module.Tiny(device="cpu", seed=0)
+        forest = Forest.random(3, 0)
+        print(model(forest, x=np.ones((forest.num_nodes, 3), np.float32))["h"].sum())
+    """)
+
+    def fresh_run() -> str:
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    first = fresh_run()
+    before = libraries(build_cache)
+    assert fresh_run() == first
+    assert libraries(build_cache) == before
+
+
+def test_changed_dims_build_a_new_library(gcc_calls, build_cache, cell_files):
+    path = write_cell(cell_files, TINY)
+    run_tiny(cortexc.load(path))
+    before = libraries(build_cache)
+    gcc_calls.clear()
+    out = run_tiny(cortexc.load(path, H=6))
+    assert out["h"].shape[1] == 6
+    assert len(gcc_calls) == 1
+    added = set(libraries(build_cache)) - set(before)
+    assert len(added) == 1 and next(iter(added)).startswith("tiny_Tiny-")
+
+
+def test_changed_text_builds_a_new_library_but_a_comment_does_not(gcc_calls, build_cache, cell_files):
+    run_tiny(cortexc.load(write_cell(cell_files, TINY)))
+    before = libraries(build_cache)
+    gcc_calls.clear()
+
+    # the key is the hash of the generated C: a comment does not change it
+    commented = TINY.replace("# a small cell", "# a small, commented cell")
+    run_tiny(cortexc.load(write_cell(cell_files, commented)))
+    assert gcc_calls == []
+    assert libraries(build_cache) == before
+
+    changed = TINY.replace("h = tanh(", "h = relu(")
+    run_tiny(cortexc.load(write_cell(cell_files, changed)))
+    assert len(gcc_calls) == 1
+    assert len(set(libraries(build_cache)) - set(before)) == 1
+
+
+def test_changed_flags_or_compiler_change_the_key(gcc_calls, build_cache, monkeypatch):
+    source = "int cx_answer(void) { return 42; }\n"
+    base = build.build_shared(source, "flags")
+    other = build.build_shared(source, "flags", flags=build.C_FLAGS + ("-DCX_TEST_FLAG=1",))
+    assert base != other and base.exists() and other.exists()
+    assert len(gcc_calls) == 2
+    assert any("-DCX_TEST_FLAG=1" in call for call in gcc_calls)
+    assert build.build_shared(source, "flags") == base
+    assert len(gcc_calls) == 2
+
+    key = build.build_key(source, build.C_FLAGS, "gcc")
+    monkeypatch.setattr(build, "compiler_version", lambda compiler: "gcc (made up) 99.0")
+    assert build.build_key(source, build.C_FLAGS, "gcc") != key
+
+
+def test_library_names_carry_the_key_and_no_scratch_is_left(gcc_calls, build_cache, cell_files):
+    run_tiny(cortexc.load(write_cell(cell_files, TINY)))
+    for entry in build_cache.iterdir():
+        assert entry.suffix == ".so" or entry.name == "packages", f"left in the cache: {entry.name}"
+    for name in libraries(build_cache):
+        stem, _, key = name[: -len(".so")].rpartition("-")
+        assert stem and len(key) == 24 and all(c in "0123456789abcdef" for c in key)
+
+
+# ----------------------------------------------------------------------------- build errors
+
+
+def test_compile_failure_raises_build_error_and_caches_nothing(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("CORTEXC_CACHE", str(cache))
+    with pytest.raises(cortexc.BuildError) as info:
+        build.build_shared("this is not C", "bad")
+    message = str(info.value)
+    assert "bad.c" in message  # the file that failed
+    assert "error" in message and "this" in message  # gcc's own diagnostic
+    assert list(cache.iterdir()) == []  # no library, no scratch directory
+
+    with pytest.raises(cortexc.BuildError, match="kernels/Bad.c"):
+        build.build_shared("int broken(void) { return }", "bad", source_path="kernels/Bad.c")
+    assert list(cache.iterdir()) == []
+    assert isinstance(info.value, cortexc.CortexcError)
+
+
+def test_missing_compiler_is_a_build_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path))
+    with pytest.raises(cortexc.BuildError, match="not found"):
+        build.build_shared("int f(void) { return 0; }", "nocc", compiler="cortexc-no-such-cc")
+
+
+# ----------------------------------------------------------------------------- cortexc compile
+
+
+@pytest.fixture(scope="module")
+def compiled_treelstm(tmp_path_factory) -> Path:
+    """`cortexc compile examples/treelstm.cell -o OUT --dump-ir DUMP` (in process)."""
+    out = tmp_path_factory.mktemp("compile-out")
+    dump = out / "ir"
+    assert main(["compile", str(EXAMPLES / "treelstm.cell"), "-o", str(out), "--dump-ir", str(dump)]) == 0
+    return out
+
+
+def test_compile_writes_the_package(compiled_treelstm):
+    package = compiled_treelstm / "treelstm"
+    assert {p.name for p in package.iterdir()} == {"__init__.py", "ChildSumTreeLSTM.c", "cell.json"}
+    description = json.loads((package / "cell.json").read_text(encoding="utf-8"))
+    assert description["package"] == "treelstm"
+    (cell,) = description["cells"]
+    assert cell["name"] == "ChildSumTreeLSTM" and cell["structure"] == "tree"
+    assert cell["dims"] == {"X": 300, "H": 150}
+    assert {p["name"]: p["shape"] for p in cell["params"]} == {
+        "W_iou": [450, 300], "U_iou": [450, 150], "b_iou": [450],
+        "W_f": [150, 300], "U_f": [150, 150], "b_f": [150]}
+    assert cell["inputs"] == [{"name": "x", "shape": [300], "dtype": "float32", "index_range": None}]
+    assert [s["name"] for s in cell["states"]] == ["h", "c"]
+    assert cell["outputs"] == []
+    kernels = [k["kernel"] for k in cell["schedule"]]
+    assert "leaf" in kernels and "node" in kernels and all(k["steps"] for k in cell["schedule"])
+    assert cell["kernels"]["c"] == "ChildSumTreeLSTM.c"
+    source = (package / "ChildSumTreeLSTM.c").read_text(encoding="utf-8")
+    assert "cx_forward" in source and "treelstm.cell" in source
+
+
+def test_compile_with_defines_and_two_cells(tmp_path):
+    text = TINY + TINY.replace("Tiny", "Tiny2").replace("# a small cell whose kernels build fast\n", "")
+    path = write_cell(tmp_path, text, "pair")
+    assert main(["compile", str(path), "-o", str(tmp_path / "out"), "-D", "H=5"]) == 0
+    package = tmp_path / "out" / "pair"
+    assert {p.name for p in package.iterdir()} == {"__init__.py", "Tiny.c", "Tiny2.c", "cell.json"}
+    description = json.loads((package / "cell.json").read_text(encoding="utf-8"))
+    assert [c["dims"]["H"] for c in description["cells"]] == [5, 5]
+    assert description["defines"] == {"H": 5}
+
+
+def test_dump_ir_writes_the_stages(compiled_treelstm):
+    dumped = sorted(p.name for p in (compiled_treelstm / "ir").iterdir())
+    assert dumped[:3] == ["ChildSumTreeLSTM.00-lower.ir", "ChildSumTreeLSTM.01-specialize.ir",
+                          "ChildSumTreeLSTM.02-hoist.ir"]
+    for name in dumped:
+        assert (compiled_treelstm / "ir" / name).read_text(encoding="utf-8").startswith("cell ChildSumTreeLSTM")
+
+
+def test_bad_cell_exits_1_and_writes_nothing(tmp_path):
+    path = write_cell(tmp_path, "cell Bad on tree {\n    state h[2]\n    node { h = nope }\n}\n", "bad")
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, "-m", "cortexc.cli", "compile", str(path), "-o", str(out)],
+                            capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 1
+    assert f"{path}:3:16: error: unknown name 'nope'" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_bad_cell_leaves_a_previous_package_alone(tmp_path, capsys):
+    path = write_cell(tmp_path, TINY)
+    out = tmp_path / "out"
+    assert main(["compile", str(path), "-o", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in (out / "tiny").iterdir()}
+    path.write_text(TINY.replace("h = tanh(", "h = tanh(y + "), encoding="utf-8")
+    assert main(["compile", str(path), "-o", str(out)]) == 1
+    assert "unknown name 'y'" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in (out / "tiny").iterdir()} == before
+    assert [p.name for p in out.iterdir()] == ["tiny"]  # no staging directory left behind
+
+
+def test_generated_package_is_importable_from_its_directory(compiled_treelstm, monkeypatch):
+    monkeypatch.syspath_prepend(str(compiled_treelstm))
+    monkeypatch.delitem(sys.modules, "treelstm", raising=False)
+    try:
+        treelstm = importlib.import_module("treelstm")
+        assert Path(treelstm.__file__).parent == compiled_treelstm / "treelstm"
+        assert treelstm.__all__ == ["ChildSumTreeLSTM"]
+        model = treelstm.ChildSumTreeLSTM(device="cpu", seed=0)
+        assert model.params["W_iou"].shape == (450, 300)
+        forest = Forest.random(6, 1, max_children=4)
+        inputs = random_inputs(model.cell, forest, np.random.default_rng(1))
+        out = model(forest, **inputs)
+        ref = interp.run(model.cell, forest, model.params, inputs)
+        for name in ("h", "c"):
+            assert out[name].shape == (forest.num_nodes, 150)
+            assert np.abs(out[name] - ref[name]).max() <= 1e-5 * np.abs(ref[name]).max()
+    finally:
+        sys.modules.pop("treelstm", None)
+
+
+# ----------------------------------------------------------------------------- known bug
+
+
+STALE_KERNEL = """
+import sys
+import numpy as np, cortexc
+from cortexc import Forest
+from cortexc.ir import interp
+out_dir, path = sys.argv[1], sys.argv[2]
+wide = cortexc.load(path, out_dir, H=9)    # writes OUT/dagrnn/ for H=9
+cortexc.load(path, out_dir, H=7)           # the same directory, now H=7 (smaller: no overflow)
+model = wide.DagRNN(device="cpu", seed=0)  # first run: reads the kernel source from OUT/dagrnn/
+forest = Forest.random_dag(30, 0)
+x = np.random.default_rng(0).standard_normal((30, 32)).astype(np.float32)
+got = model(forest, x=x)["h"]
+ref = interp.run(model.cell, forest, model.params, {"x": x})["h"]
+error = float(np.abs(got - ref).max() / np.abs(ref).max())
+print(f"max rel err {error:.3e}")
+sys.exit(0 if error < 1e-5 else 1)
+"""
+
+
+def test_reusing_an_out_dir_does_not_change_an_already_loaded_module(tmp_path):
+    result = subprocess.run([sys.executable, "-c", STALE_KERNEL, str(tmp_path / "out"), str(EXAMPLES / "dagrnn.cell")],
+                            capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+CONCURRENT_LOADS = """
+import sys
+import cortexc
+errors = []
+for _ in range(25):
+    try:
+        cortexc.load(sys.argv[1])
+    except Exception as err:  # noqa: BLE001 - report every failure
+        errors.append(f"{type(err).__name__}: {err}")
+print(len(errors), errors[:2])
+sys.exit(1 if errors else 0)
+"""
+
+
+def test_concurrent_loads_of_the_same_cell(tmp_path, monkeypatch, cell_files):
+    path = write_cell(cell_files, TINY)
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path / "cache"))
+    cortexc.load(path)  # the kernels need not be built: this is about the package directory
+    workers = [subprocess.Popen([sys.executable, "-c", CONCURRENT_LOADS, str(path)], cwd=REPO,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(4)]
+    reports = [(w.wait(timeout=120), w.stdout.read()) for w in workers]
+    assert all(code == 0 for code, _ in reports), reports
+
+
+def test_compiled_package_directory_is_readable_by_others(tmp_path):
+    """`cortexc compile -o build/` makes a package for everyone who can read build/ (not a 0700 temp dir)."""
+    out = tmp_path / "out"
+    assert main(["compile", str(write_cell(tmp_path, TINY)), "-o", str(out)]) == 0
+    assert (out / "tiny").stat().st_mode & 0o055 == 0o055
+
+
+@pytest.mark.parametrize("file", ["class.cell", "lambda.cell", "None.cell"])
+def test_package_name_is_importable(file):
+    import keyword
+
+    from cortexc.codegen.module import package_name
+
+    name = package_name(file)
+    assert name.isidentifier() and not keyword.iskeyword(name), name
