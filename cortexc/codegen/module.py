@@ -10,6 +10,7 @@ are ready: a failed compile leaves nothing half-written.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import keyword
@@ -136,10 +137,8 @@ def _install(out: Path, name: str, files: dict[str, str]) -> Path:
             final.unlink()
         elif final.exists():
             retired = Path(tempfile.mkdtemp(prefix=f".{name}-old-", dir=out))
-            try:
+            with contextlib.suppress(FileNotFoundError):  # another writer may have moved it first
                 os.replace(final, retired / name)
-            except FileNotFoundError:
-                pass  # another writer moved it first
             shutil.rmtree(retired, ignore_errors=True)
         try:
             os.replace(staging, final)
