@@ -7,4 +7,5 @@ python3 -m venv .venv
 python -m pip install -q --upgrade pip
 python -m pip install -q -e .
 cortexc check examples/treelstm.cell
+cortexc compile examples/treelstm.cell -o build/
 cortexc run examples/treelstm.cell

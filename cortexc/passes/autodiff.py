@@ -21,7 +21,7 @@ The rules, one per op (``g`` is the adjoint of ``y = op(args)``):
 * ``W @ x``: outer(g, x) to W, transpose(W) @ g to x; ``A @ B``: g @ transpose(B), transpose(A) @ g
 * slices: pad(g) back in place; ``concat``: the slices of g; ``E[w]``: g to row w of E
 * ``expand``: sum over the children; ``sum``: expand(g); ``mean``: expand(g / num_children);
-  ``max``: expand(g) where the child equals the max (every tied child gets it)
+  ``max``: expand(g / ties) where the child equals the max (tied children share it, like torch.amax)
 * a per-node operand of a per-child op gets the sum over the children of its adjoint;
   a scalar operand of a vector op gets the sum of the elements.
 """
@@ -195,9 +195,11 @@ class _Reverse:
         elif op == Op.MEAN:
             count = self.b.add(Op.NUM_CHILDREN, (), (), Domain.NODE)
             self.contribute(args[0], self.op(Op.EXPAND, self.op(Op.DIV, g, count), domain=Domain.CHILD))
-        elif op == Op.MAX:
+        elif op == Op.MAX:  # tied children share the gradient (as torch.amax does)
             holds_max = self.op(Op.EQ, a, self.op(Op.EXPAND, y, domain=Domain.CHILD))
-            self.contribute(args[0], self.op(Op.MUL, holds_max, self.op(Op.EXPAND, g, domain=Domain.CHILD)))
+            ties = self.op(Op.SUM, holds_max, domain=Domain.NODE)
+            share = self.op(Op.EXPAND, self.op(Op.DIV, g, ties), domain=Domain.CHILD)
+            self.contribute(args[0], self.op(Op.MUL, holds_max, share))
         elif op == Op.CONST:
             pass
         else:  # pragma: no cover - every forward op has a rule above

@@ -1,0 +1,166 @@
+"""`cortexc.train`: optimizers and cross-entropy against torch, and a short SST training run."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import cortexc
+from cortexc.errors import InputError
+from cortexc.runtime.forest import Forest
+from cortexc.runtime.vocab import Vocab
+from cortexc.train import SGD, Adagrad, Adam, accuracy, batches, softmax_cross_entropy
+from tests.conftest import EXAMPLES, sst_path
+
+SHAPES = {"W": (4, 3), "b": (4,), "E": (6, 2)}
+
+
+def run_torch(torch, make_opt, params: dict[str, np.ndarray], grads: list[dict[str, np.ndarray]], dtype):
+    tdtype = torch.float32 if dtype == np.float32 else torch.float64
+    tensors = {k: torch.nn.Parameter(torch.tensor(v, dtype=tdtype)) for k, v in params.items()}
+    opt = make_opt(list(tensors.values()))
+    history = []
+    for step in grads:
+        opt.zero_grad()
+        for k, t in tensors.items():
+            t.grad = torch.tensor(step[k], dtype=tdtype)
+        opt.step()
+        history.append({k: t.detach().numpy().copy() for k, t in tensors.items()})
+    return history
+
+
+def run_ours(opt, params: dict[str, np.ndarray], grads: list[dict[str, np.ndarray]]):
+    history = []
+    for step in grads:
+        params = opt.step(params, step)
+        history.append(params)
+    return history
+
+
+OPTIMIZERS = {
+    "sgd": (lambda: SGD(0.1), lambda t, ps: t.optim.SGD(ps, lr=0.1)),
+    "sgd_momentum": (lambda: SGD(0.05, momentum=0.9), lambda t, ps: t.optim.SGD(ps, lr=0.05, momentum=0.9)),
+    "sgd_weight_decay": (lambda: SGD(0.05, momentum=0.5, weight_decay=0.01),
+                         lambda t, ps: t.optim.SGD(ps, lr=0.05, momentum=0.5, weight_decay=0.01)),
+    "adagrad": (lambda: Adagrad(0.05), lambda t, ps: t.optim.Adagrad(ps, lr=0.05)),
+    "adagrad_init_acc": (lambda: Adagrad(0.1, eps=1e-6, initial_accumulator=0.1),
+                         lambda t, ps: t.optim.Adagrad(ps, lr=0.1, eps=1e-6, initial_accumulator_value=0.1)),
+    "adam": (lambda: Adam(1e-2), lambda t, ps: t.optim.Adam(ps, lr=1e-2)),
+    "adam_betas": (lambda: Adam(3e-3, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1),
+                   lambda t, ps: t.optim.Adam(ps, lr=3e-3, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_optimizer_matches_torch(name, dtype, rng):
+    torch = pytest.importorskip("torch")
+    ours, theirs = OPTIMIZERS[name]
+    params = {k: rng.standard_normal(s).astype(dtype) for k, s in SHAPES.items()}
+    grads = [{k: rng.standard_normal(s).astype(dtype) for k, s in SHAPES.items()} for _ in range(5)]
+    grads[2]["E"][1] = 0.0  # a row that gets no gradient at one step (like an unused embedding)
+    expected = run_torch(torch, lambda ps: theirs(torch, ps), params, grads, dtype)
+    got = run_ours(ours(), params, grads)
+    for step, (g, e) in enumerate(zip(got, expected)):
+        for k in params:
+            assert g[k].dtype == np.dtype(dtype), (k, g[k].dtype)
+            np.testing.assert_allclose(g[k], e[k], rtol=1e-6, atol=1e-6 * max(1.0, np.abs(e[k]).max()),
+                                       err_msg=f"{name} step {step} {k}")
+
+
+def test_optimizer_returns_new_arrays_and_accepts_read_only_params(rng):
+    params = {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
+    for array in params.values():
+        array.flags.writeable = False
+    before = {k: v.copy() for k, v in params.items()}
+    grads = {"W": np.ones(SHAPES["W"], np.float32)}  # only W has a gradient
+    for opt in (SGD(0.1, momentum=0.9), Adagrad(0.1), Adam(0.1)):
+        new = opt.step(params, grads)
+        assert set(new) == set(params)
+        for k in params:
+            np.testing.assert_array_equal(params[k], before[k])
+            assert new[k] is not params[k]
+        assert not np.array_equal(new["W"], params["W"])
+        np.testing.assert_array_equal(new["b"], params["b"])
+
+
+def test_optimizer_rejects_unknown_names_and_wrong_shapes():
+    params = {"W": np.zeros((2, 2), np.float32)}
+    with pytest.raises(InputError, match="V"):
+        SGD(0.1).step(params, {"V": np.zeros((2, 2))})
+    with pytest.raises(InputError, match="W"):
+        Adam().step(params, {"W": np.zeros(2)})
+    with pytest.raises(ValueError):
+        SGD(0.0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_softmax_cross_entropy_matches_torch(dtype, rng):
+    torch = pytest.importorskip("torch")
+    logits = (3 * rng.standard_normal((17, 5))).astype(dtype)
+    logits[3] += 40  # large logits stay finite
+    labels = rng.integers(0, 5, 17)
+    loss, grad = softmax_cross_entropy(logits, labels)
+    assert grad.dtype == np.dtype(dtype) and grad.shape == logits.shape
+    t = torch.tensor(logits, requires_grad=True)
+    ref = torch.nn.functional.cross_entropy(t, torch.tensor(labels))
+    ref.backward()
+    tol = 1e-6 if dtype == np.float32 else 1e-12
+    assert abs(loss - ref.item()) <= tol * max(1.0, abs(ref.item()))
+    np.testing.assert_allclose(grad, t.grad.numpy(), rtol=tol, atol=tol)
+    total, grad_sum = softmax_cross_entropy(logits, labels, reduction="sum")
+    assert abs(total - 17 * loss) <= 1e-5 * total
+    np.testing.assert_allclose(grad_sum, 17 * grad, rtol=1e-5, atol=1e-6)
+
+
+def test_softmax_cross_entropy_errors_and_empty():
+    with pytest.raises(InputError, match="outside"):
+        softmax_cross_entropy(np.zeros((2, 3)), np.array([0, 3]))
+    with pytest.raises(InputError, match="shape"):
+        softmax_cross_entropy(np.zeros((2, 3)), np.array([0, 1, 2]))
+    with pytest.raises(InputError, match="integers"):
+        softmax_cross_entropy(np.zeros((2, 3)), np.array([0.0, 1.0]))
+    loss, grad = softmax_cross_entropy(np.zeros((0, 3), np.float32), np.zeros(0, np.int64))
+    assert loss == 0.0 and grad.shape == (0, 3)
+
+
+def test_accuracy_and_batches(rng):
+    logits = np.array([[0.0, 1.0], [2.0, 1.0], [0.0, 3.0]])
+    assert accuracy(logits, np.array([1, 0, 0])) == pytest.approx(2 / 3)
+    items = list(range(53))
+    fixed = list(batches(items, 25))
+    assert [len(b) for b in fixed] == [25, 25, 3] and sum(fixed, []) == items
+    shuffled = list(batches(items, 25, rng))
+    assert sorted(sum(shuffled, [])) == items and [len(b) for b in shuffled] == [25, 25, 3]
+
+
+def test_short_sst_training_run_lowers_the_loss():
+    """Binary Tree-LSTM (H = X = 16) on 200 SST train trees, 3 epochs, Adagrad 0.05, batch 25,
+    per-node cross-entropy, device="interp": the last epoch's mean loss is below the first's."""
+    path = sst_path("train")
+    with open(path, encoding="utf-8") as handle:
+        lines = [line for line in handle if line.strip()][:200]
+    trees = [Forest.from_ptb(line) for line in lines]
+    vocab = Vocab.build(trees)
+    module = cortexc.load(EXAMPLES / "binary_treelstm.cell", V=len(vocab), X=16, H=16)
+    model = module.BinaryTreeLSTM(device="interp", seed=0)
+    opt = Adagrad(0.05)
+    rng = np.random.default_rng(0)
+    start = time.perf_counter()
+    epoch_losses = []
+    for _ in range(3):
+        losses = []
+        for batch in batches(trees, 25, rng):
+            forest = Forest.concat(batch)
+            out = model(forest, grad=True, word=vocab.encode(forest))
+            loss, d_logits = softmax_cross_entropy(out["logits"], forest.labels)
+            grads = model.backward(out, {"logits": d_logits})
+            model.load_params(opt.step(model.params, grads))
+            losses.append(loss)
+        epoch_losses.append(float(np.mean(losses)))
+    elapsed = time.perf_counter() - start
+    print(f"epoch losses {epoch_losses} in {elapsed:.1f}s")
+    assert all(np.isfinite(epoch_losses))
+    assert epoch_losses[-1] < epoch_losses[0] - 0.05, epoch_losses
