@@ -69,7 +69,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from cortexc.codegen.module import write_package
 
     source = Path(args.file).read_text(encoding="utf-8")
-    targets = ("c", "cuda") if args.target == "all" else ({"cpu": "c"}.get(args.target, args.target),)
+    targets = {"cpu": ("c",), "cuda": ("cuda",), "all": ("c", "cuda")}[args.target]
     package = write_package(source, args.file, args.out, parse_defines(args.define), targets, args.dump_ir)
     files = ", ".join(sorted(p.name for p in package.iterdir()))
     print(f"wrote {package}/ ({files})")
@@ -163,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     comp = sub.add_parser("compile", help="compile a .cell file into a Python package of kernels")
     common(comp)
     comp.add_argument("-o", "--out", default="build", metavar="DIR", help="where the package goes (default build/)")
-    comp.add_argument("--target", choices=["cpu", "cuda", "all"], default="cpu")
+    comp.add_argument("--target", choices=["cpu", "cuda", "all"], default="all",
+                      help="which kernels to generate: C (cpu), CUDA, or both (default)")
     comp.add_argument("--dump-ir", metavar="DIR", help="write the IR of every stage to DIR")
     comp.set_defaults(func=cmd_compile)
 

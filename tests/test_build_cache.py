@@ -231,7 +231,8 @@ def compiled_treelstm(tmp_path_factory) -> Path:
 
 def test_compile_writes_the_package(compiled_treelstm):
     package = compiled_treelstm / "treelstm"
-    assert {p.name for p in package.iterdir()} == {"__init__.py", "ChildSumTreeLSTM.c", "cell.json"}
+    assert {p.name for p in package.iterdir()} == {"__init__.py", "ChildSumTreeLSTM.c", "ChildSumTreeLSTM.cu",
+                                                   "cell.json"}
     description = json.loads((package / "cell.json").read_text(encoding="utf-8"))
     assert description["package"] == "treelstm"
     (cell,) = description["cells"]
@@ -245,15 +246,23 @@ def test_compile_writes_the_package(compiled_treelstm):
     assert cell["outputs"] == []
     kernels = [k["kernel"] for k in cell["schedule"]]
     assert "leaf" in kernels and "node" in kernels and all(k["steps"] for k in cell["schedule"])
-    assert cell["kernels"]["c"] == "ChildSumTreeLSTM.c"
-    source = (package / "ChildSumTreeLSTM.c").read_text(encoding="utf-8")
-    assert "cx_forward" in source and "treelstm.cell" in source
+    assert cell["kernels"] == {"c": "ChildSumTreeLSTM.c", "cuda": "ChildSumTreeLSTM.cu"}
+    for file_name in cell["kernels"].values():
+        source = (package / file_name).read_text(encoding="utf-8")
+        assert "cx_forward" in source and "treelstm.cell" in source
+
+
+@pytest.mark.parametrize("target, suffixes", [("cpu", {".c"}), ("cuda", {".cu"}), ("all", {".c", ".cu"})])
+def test_compile_target_chooses_the_kernel_sources(tmp_path, target, suffixes):
+    assert main(["compile", str(EXAMPLES / "treernn.cell"), "-o", str(tmp_path), "--target", target]) == 0
+    package = tmp_path / "treernn"
+    assert {p.suffix for p in package.iterdir() if p.suffix.startswith(".c")} == suffixes
 
 
 def test_compile_with_defines_and_two_cells(tmp_path):
     text = TINY + TINY.replace("Tiny", "Tiny2").replace("# a small cell whose kernels build fast\n", "")
     path = write_cell(tmp_path, text, "pair")
-    assert main(["compile", str(path), "-o", str(tmp_path / "out"), "-D", "H=5"]) == 0
+    assert main(["compile", str(path), "-o", str(tmp_path / "out"), "-D", "H=5", "--target", "cpu"]) == 0
     package = tmp_path / "out" / "pair"
     assert {p.name for p in package.iterdir()} == {"__init__.py", "Tiny.c", "Tiny2.c", "cell.json"}
     description = json.loads((package / "cell.json").read_text(encoding="utf-8"))

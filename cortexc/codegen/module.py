@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cortexc import __version__
-from cortexc.codegen.render import abi, environment, render_c
+from cortexc.codegen.render import abi, environment, render
 from cortexc.codegen.target import TARGETS, Target
 from cortexc.errors import CortexcError
 from cortexc.ir.cell import Cell
@@ -51,7 +51,7 @@ def _step_json(step: Any) -> dict[str, Any]:
     return {"step": type(step).__name__.lower(), **fields}
 
 
-def cell_spec(cell: Cell, program: Program, kernel_file: str) -> dict[str, Any]:
+def cell_spec(cell: Cell, program: Program, kernel_files: Mapping[str, str]) -> dict[str, Any]:
     return {
         "name": cell.name,
         "structure": cell.structure.value,
@@ -70,7 +70,7 @@ def cell_spec(cell: Cell, program: Program, kernel_file: str) -> dict[str, Any]:
         "packed": [{"name": w.name, "params": list(w.params), "m": w.m, "k": w.k, "transposed": list(w.transposed)}
                    for w in program.packed],
         "abi": abi(cell, program),
-        "kernels": {"c": kernel_file},
+        "kernels": dict(kernel_files),
         "schedule": [
             {"kernel": k.name, "rows": k.rows.value, "steps": [_step_json(s) for s in k.steps]}
             for k in program.kernels
@@ -91,11 +91,15 @@ def write_package(source: str, source_file: str, out_dir: str | os.PathLike,
     specs = []
     for cell in cells:
         program = schedule(cell)
-        target: Target = TARGETS["c"]
-        kernel_file = f"{cell.name}{target.source_suffix}"
-        files[kernel_file] = render_c(program, target, source_file)
-        spec = cell_spec(cell, program, kernel_file)
-        spec["kernel_sha256"] = {"c": hashlib.sha256(files[kernel_file].encode()).hexdigest()}
+        kernel_files, hashes = {}, {}
+        for target_name in targets:
+            target: Target = TARGETS[target_name]
+            kernel_file = f"{cell.name}{target.source_suffix}"
+            files[kernel_file] = render(program, target, source_file)
+            kernel_files[target_name] = kernel_file
+            hashes[target_name] = hashlib.sha256(files[kernel_file].encode()).hexdigest()
+        spec = cell_spec(cell, program, kernel_files)
+        spec["kernel_sha256"] = hashes
         specs.append(spec)
     description = {
         "format": FORMAT_VERSION,
@@ -110,7 +114,7 @@ def write_package(source: str, source_file: str, out_dir: str | os.PathLike,
     files["__init__.py"] = environment().get_template("module_init.py.j2").render(
         source_file=source_file,
         cell_names=[c.name for c in cells],
-        kernel_files=[s["kernels"]["c"] for s in specs],
+        kernel_files=[f for s in specs for f in s["kernels"].values()],
     )
     return _install(Path(out_dir), name, files)
 

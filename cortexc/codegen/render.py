@@ -9,6 +9,7 @@ declaration order, which `abi` describes for the generated module's JSON.
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
 import jinja2
@@ -80,7 +81,8 @@ _ROWS_DOC = {
 }
 
 
-def render_c(program: Program, target: Target, source_file: str) -> str:
+def render(program: Program, target: Target, source_file: str) -> str:
+    """The kernel source of a program for a target (C or CUDA), from the one skeleton."""
     cell = program.cell
     kernels = [_kernel_context(cell, program, kernel, target) for kernel in program.kernels]
     outputs = [
@@ -98,7 +100,7 @@ def render_c(program: Program, target: Target, source_file: str) -> str:
         {"param": name, "index": [p.name for p in cell.params].index(name), "offset": offset, "size": size}
         for name, offset, size in program.accumulators
     ]
-    template = environment().get_template("kernels.c.j2")
+    template = environment().get_template("kernels.j2")
     return template.render(
         target=target,
         nr=target.gemm_nr,
@@ -116,8 +118,8 @@ def render_c(program: Program, target: Target, source_file: str) -> str:
     )
 
 
-def _symbols(cell: Cell, program: Program, kernel: Kernel) -> list[dict[str, str]]:
-    """Declarations of the forest-wide arrays this kernel touches."""
+def _symbols(cell: Cell, program: Program, kernel: Kernel, target: Target) -> list[str]:
+    """Declarations of the forest-wide arrays this kernel may touch (the caller keeps those it does)."""
     table = abi(cell, program)
     values = kernel.body.values
     stores = [s for s in kernel.steps if isinstance(s, Store)]
@@ -162,10 +164,13 @@ def _symbols(cell: Cell, program: Program, kernel: Kernel) -> list[dict[str, str
     declare(table["outputs"], upstream,
             lambda i, n: f"const float *{gradient_symbol('output', n)} = grad->upstream[{i}];")
     offsets = {name: offset for name, offset, _ in program.accumulators}
+    param_index = {name: i for i, name in enumerate(table["params"])}
     for name in sorted(accumulated):
-        decls.append(f"float *acc_{name} = acc + {offsets[name]};")
-    names = [d.split("=")[0].split("*")[-1].strip() for d in decls]
-    return [{"decl": f"{d} (void){n};"} for d, n in zip(decls, names)]
+        if target.private_accumulators:  # per thread, summed into the gradients at the end
+            decls.append(f"float *acc_{name} = acc + {offsets[name]};")
+        else:  # straight into the gradient, with atomic adds
+            decls.append(f"float *acc_{name} = grad->d_params[{param_index[name]}];")
+    return decls
 
 
 def _kernel_context(cell: Cell, program: Program, kernel: Kernel, target: Target) -> dict[str, Any]:
@@ -193,7 +198,7 @@ def _kernel_context(cell: Cell, program: Program, kernel: Kernel, target: Target
         "name": kernel.name,
         "rows_doc": _ROWS_DOC[kernel.rows],
         "node_of_row": _NODE_OF_ROW[kernel.rows],
-        "symbols": _symbols(cell, program, kernel),
+        "symbols": _used(_symbols(cell, program, kernel, target), steps),
         "reads_children": reads_children,
         "child_ks": kernel.child_ks,
         "uses_pre_base": uses_pre_base,
@@ -219,6 +224,17 @@ def _store_destination(kernel: Kernel, step: Store) -> str:
     }
     array, row = rows[step.target]
     return f"{array} + {row} * {w}"
+
+
+def _used(declarations: list[str], steps: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The declarations whose variable some step's text mentions (nvcc warns about the others)."""
+    text = " ".join(str(value) for step in steps for value in step.values())
+    kept = []
+    for declaration in declarations:
+        name = declaration.split("=")[0].split("*")[-1].strip()
+        if re.search(rf"\b{re.escape(name)}\b", text):
+            kept.append({"decl": declaration})
+    return kept
 
 
 def _offset(node_floats: int, child_floats: int) -> str:
@@ -259,14 +275,14 @@ def _step_context(exprs: KernelExprs, kernel: Kernel, step) -> dict[str, Any]:
         value = values[step.value]
         arg = exprs.ref(value.args[0], RowKind.CHILD, "e", "j")
         op = value.op
-        combine = f"fmaxf(out_row[j], {arg})" if op == Op.MAX else f"out_row[j] + {arg}"
         return {
             "kind": "reduce",
             "doc": f"{step.out} = {op.value} over children of %{value.args[0]}",
             "out": step.out,
             "width": step.width,
             "init": "-FLT_MAX" if op == Op.MAX else "0.0f",
-            "combine": combine,
+            "op": "max" if op == Op.MAX else "add",
+            "arg": arg,
             "mean": op == Op.MEAN,
         }
     if isinstance(step, Softmax):
@@ -337,4 +353,8 @@ def _step_context(exprs: KernelExprs, kernel: Kernel, step) -> dict[str, Any]:
     raise NotImplementedError(type(step))  # pragma: no cover
 
 
-__all__ = ["render_c", "abi", "environment", "width"]
+def render_c(program: Program, target: Target, source_file: str) -> str:
+    return render(program, target, source_file)
+
+
+__all__ = ["render", "render_c", "abi", "environment", "width"]

@@ -14,11 +14,16 @@ class Target:
     gemm_nr: int  # GEMM panel width in floats (the SIMD width for C)
     gemm_mr: int  # GEMM rows per register tile
     tile_rows: int  # rows (nodes) per tile inside a kernel
-    atomic_add_pragma: str  # what makes the next `x += y` atomic (shared rows in backward scatters)
+    private_accumulators: bool  # weight gradients summed per thread (C) or added atomically (CUDA)
+    threads_per_block: int = 1  # CUDA: threads that share a tile
 
 
 #: gcc with OpenMP; `-march=native` picks AVX-512 or AVX2 for the vector extensions of the GEMM.
 C = Target(name="c", source_suffix=".c", helper="static inline", restrict="__restrict__",
-           gemm_nr=16, gemm_mr=6, tile_rows=32, atomic_add_pragma="#pragma omp atomic")
+           gemm_nr=16, gemm_mr=6, tile_rows=32, private_accumulators=True)
 
-TARGETS = {"c": C}
+#: nvcc; a tile of a level is one thread block, its threads share the rows x columns of every step.
+CUDA = Target(name="cuda", source_suffix=".cu", helper="__device__ inline", restrict="__restrict__",
+              gemm_nr=16, gemm_mr=1, tile_rows=16, private_accumulators=False, threads_per_block=128)
+
+TARGETS = {"c": C, "cuda": CUDA}

@@ -39,7 +39,7 @@ def compiler_version(compiler: str) -> str:
     if shutil.which(compiler) is None:
         raise BuildError(f"the C compiler {compiler!r} was not found on PATH (cortexc needs gcc for device='cpu')")
     result = subprocess.run([compiler, "--version"], capture_output=True, text=True)
-    return result.stdout.splitlines()[0] if result.stdout else compiler
+    return result.stdout.strip() or compiler  # all of it: nvcc puts its version on the last line
 
 
 def build_key(source: str, flags: tuple[str, ...], compiler: str) -> str:

@@ -76,17 +76,28 @@ class CpuExecutor:
     def __init__(self, spec: Mapping[str, Any], library_path: Path):
         self.spec = spec
         self.lib = load_library(library_path)
-        self.lib.cx_forward.argtypes = [ctypes.POINTER(CxCall)]
-        self.lib.cx_forward.restype = ctypes.c_int
+        self._declare_entry_points()
         self.lib.cx_packed_floats.argtypes = [ctypes.c_int, ctypes.c_int]
         self.lib.cx_packed_floats.restype = ctypes.c_int64
         self.lib.cx_pack_weight.argtypes = [_P, ctypes.c_int, ctypes.c_int, _P]
         self.lib.cx_pack_weight.restype = None
+        self._params: list[np.ndarray] = []
+        self._packed: list[np.ndarray] = []
+
+    def _declare_entry_points(self) -> None:
+        self.lib.cx_forward.argtypes = [ctypes.POINTER(CxCall)]
+        self.lib.cx_forward.restype = ctypes.c_int
         if hasattr(self.lib, "cx_backward"):
             self.lib.cx_backward.argtypes = [ctypes.POINTER(CxCall), ctypes.POINTER(CxGrad)]
             self.lib.cx_backward.restype = ctypes.c_int
-        self._params: list[np.ndarray] = []
-        self._packed: list[np.ndarray] = []
+
+    def _launch_forward(self, call: CxCall, lin: Linearized) -> None:
+        if self.lib.cx_forward(ctypes.byref(call)) != 0:
+            raise CortexcError("the compiled forward could not allocate its scratch memory")
+
+    def _launch_backward(self, call: CxCall, grad: CxGrad, lin: Linearized, upstream_mask: int) -> None:
+        if self.lib.cx_backward(ctypes.byref(call), ctypes.byref(grad)) != 0:
+            raise CortexcError("the compiled backward could not allocate its scratch memory")
 
     def set_params(self, params: Mapping[str, np.ndarray]) -> None:
         """Keep the params and pack the GEMM weights (stacked as the program says) once."""
@@ -142,9 +153,7 @@ class CpuExecutor:
         input_arrays = [inputs[name] for name in abi["inputs"]]
         call, _tables = self._call(lin, input_arrays, states, hoisted, outputs)
         if n:
-            status = self.lib.cx_forward(ctypes.byref(call))
-            if status != 0:
-                raise CortexcError("the compiled forward could not allocate its scratch memory")
+            self._launch_forward(call, lin)
         result = {name: state[:n] for name, state in zip(abi["states"], states)}
         result.update(zip(abi["outputs"], outputs))
         return result, (Saved(lin, input_arrays, states, hoisted) if keep else None)
@@ -174,9 +183,8 @@ class CpuExecutor:
                        _pointers(upstream_outputs)]
         grad = CxGrad(*(ctypes.cast(table, _P) for table in grad_tables))
         if n:
-            status = self.lib.cx_backward(ctypes.byref(call), ctypes.byref(grad))
-            if status != 0:
-                raise CortexcError("the compiled backward could not allocate its scratch memory")
+            mask = sum(1 << index for index, array in enumerate(upstream_outputs) if array is not None)
+            self._launch_backward(call, grad, lin, mask)
         grads = dict(zip(abi["params"], d_params))
         grads.update((name, d) for name, d in zip(abi["inputs"], d_inputs) if d is not None)
         return grads

@@ -40,5 +40,5 @@ def load_cell_file(path: str | os.PathLike, out_dir: str | os.PathLike | None,
     if out_dir is None:
         key = hashlib.sha256(json.dumps([source, str(path), sorted(dims.items())]).encode()).hexdigest()[:16]
         out_dir = cache_dir() / "packages" / key
-    package_dir = write_package(source, str(path), out_dir, dict(dims))
+    package_dir = write_package(source, str(path), out_dir, dict(dims), targets=("c", "cuda"))
     return import_package(package_dir)

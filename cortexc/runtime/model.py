@@ -25,7 +25,8 @@ from cortexc.runtime.forest import Forest
 from cortexc.runtime.params import check_params, init_params
 from cortexc.runtime.validate import check_forest, check_inputs
 
-DEVICES = ("cpu", "interp", "cuda")
+#: "cuda-emu" runs the CUDA target's code on the CPU through the emulation harness (for tests: slow)
+DEVICES = ("cpu", "interp", "cuda", "cuda-emu")
 
 
 class Outputs(dict):
@@ -38,7 +39,7 @@ class CellModel:
     """A compiled cell. Subclasses are made by `load_package`; do not instantiate this directly."""
 
     _package: ClassVar[Path]
-    _kernel_source: ClassVar[str]  # read when the package is imported, checked against its recorded hash
+    _kernel_sources: ClassVar[dict[str, str]]  # by target, read at import and checked against their hashes
     _description: ClassVar[dict[str, Any]]
     _spec: ClassVar[dict[str, Any]]
     cell: ClassVar[Cell]  # the checked IR of the cell (what inputs are validated against)
@@ -46,9 +47,10 @@ class CellModel:
     def __init__(self, device: str = "cpu", seed: int | None = 0):
         if device not in DEVICES:
             raise CortexcError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
-        if device == "cuda":
-            raise CortexcError("device='cuda' is not available yet: this build has the CPU backend only "
-                               "(device='cpu', or device='interp' for the reference interpreter)")
+        target = {"cpu": "c", "cuda": "cuda", "cuda-emu": "cuda"}.get(device)
+        if target is not None and target not in type(self)._kernel_sources:
+            raise CortexcError(f"device={device!r} needs the {target} kernels, which this package was compiled "
+                               f"without (cortexc compile --target {'cpu' if target == 'c' else 'cuda'} or all)")
         self.device = device
         self._params = _frozen(init_params(self.cell, seed))
         self._executor = None
@@ -84,7 +86,7 @@ class CellModel:
         else:
             from cortexc.runtime.linearize import linearize
 
-            out, kept = self._cpu().forward(linearize(forest), checked, keep=grad)
+            out, kept = self._executor_for_device().forward(linearize(forest), checked, keep=grad)
         result = Outputs(out)
         if grad:
             result.saved = (forest, checked, {s.name: out[s.name] for s in self.cell.states}, kept)
@@ -108,17 +110,27 @@ class CellModel:
         if self.device == "interp":
             return interp.backward(self.cell, forest, self._params, inputs, states, checked)
         shapes = {p.name: p.shape for p in self.cell.params}
-        return self._cpu().backward(kept, checked, shapes)
+        return self._executor_for_device().backward(kept, checked, shapes)
 
-    def _cpu(self):
+    def _executor_for_device(self):
+        """The executor of this model's device, built (or loaded from the cache) on first use."""
         if self._executor is None:
-            from cortexc.runtime.build import build_shared
-            from cortexc.runtime.cpu import CpuExecutor
+            name = f"{self._description['package']}_{self.cell.name}"
+            sources = type(self)._kernel_sources
+            if self.device == "cpu":
+                from cortexc.runtime.build import build_shared
+                from cortexc.runtime.cpu import CpuExecutor
 
-            kernel_path = type(self)._package / self._spec["kernels"]["c"]
-            library = build_shared(type(self)._kernel_source, f"{self._description['package']}_{self.cell.name}",
-                                   kernel_path)
-            executor = CpuExecutor(self._spec, library)
+                kernel_path = type(self)._package / self._spec["kernels"]["c"]
+                executor = CpuExecutor(self._spec, build_shared(sources["c"], name, kernel_path))
+            elif self.device == "cuda-emu":
+                from cortexc.runtime.cuda_emulated import EmulatedCudaExecutor
+
+                executor = EmulatedCudaExecutor(self._spec, sources["cuda"], name)
+            else:
+                from cortexc.runtime.cuda import CudaExecutor
+
+                executor = CudaExecutor(self._spec, sources["cuda"], name)
             executor.set_params(self._params)
             self._executor = executor
         return self._executor
@@ -146,13 +158,15 @@ def load_package(directory: str | os.PathLike) -> dict[str, type[CellModel]]:
                                                description["defines"])}
     classes: dict[str, type[CellModel]] = {}
     for spec in description["cells"]:
-        kernel_path = directory / spec["kernels"]["c"]
-        kernel_source = kernel_path.read_text(encoding="utf-8")
-        if hashlib.sha256(kernel_source.encode()).hexdigest() != spec["kernel_sha256"]["c"]:
-            raise CortexcError(f"{kernel_path} does not match {directory / 'cell.json'} (the package was changed "
-                               "after it was generated): compile it again")
+        sources = {}
+        for target, file_name in spec["kernels"].items():
+            kernel_path = directory / file_name
+            sources[target] = kernel_path.read_text(encoding="utf-8")
+            if hashlib.sha256(sources[target].encode()).hexdigest() != spec["kernel_sha256"][target]:
+                raise CortexcError(f"{kernel_path} does not match {directory / 'cell.json'} (the package was "
+                                   "changed after it was generated): compile it again")
         attributes = {
-            "_kernel_source": kernel_source,
+            "_kernel_sources": sources,
             "_package": directory,
             "_description": description,
             "_spec": spec,

@@ -1,0 +1,103 @@
+"""The CUDA target, proven without a GPU: every emitted `.cu` compiles with nvcc (sm_80, sm_90, warnings
+as errors, no register spills) and runs on the CPU through the emulation harness, where its forward and
+backward must match the reference interpreter."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import cortexc
+from cortexc import Forest
+from tests.conftest import EXAMPLES, random_inputs
+
+DIMS = {"X": 9, "H": 7, "V": 20, "C": 3}
+EXAMPLE_FILES = sorted(EXAMPLES.glob("*.cell"))
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory):
+    """Every example compiled once for both targets (small dims, so emulation stays quick)."""
+    cache = tmp_path_factory.mktemp("cache")
+    patcher = pytest.MonkeyPatch()
+    patcher.setenv("CORTEXC_CACHE", str(cache))
+    out = tmp_path_factory.mktemp("packages")
+    built = {}
+    for path in EXAMPLE_FILES:
+        declared = dict(cortexc.compile_file(path)[0].dims)
+        built[path.stem] = cortexc.load(path, out_dir=out, **{k: v for k, v in DIMS.items() if k in declared})
+    yield built
+    patcher.undo()
+
+
+def _forest(cell, rng: np.random.Generator) -> Forest:
+    if cell.structure.value == "dag":
+        return Forest.random_dag(30, rng=rng)
+    if cell.arity == 1:
+        return Forest.concat([Forest.from_parents([i + 1 if i < n - 1 else -1 for i in range(n)]) for n in (7, 2, 1)])
+    # more than one tile (16 rows) per level, and nodes with missing children for arity cells
+    return Forest.random(12, rng=rng, binary=cell.arity == 2, max_children=cell.arity or 5, max_nodes=20)
+
+
+def _relative(actual: np.ndarray, expected: np.ndarray) -> float:
+    return float(np.abs(actual - expected).max() / (np.abs(expected).max() + 1e-30))
+
+
+@pytest.mark.parametrize("name", [p.stem for p in EXAMPLE_FILES])
+def test_emulated_cuda_matches_the_interpreter(packages, name, rng):
+    module = packages[name]
+    cls = getattr(module, module.__all__[0])
+    emulated, reference = cls(device="cuda-emu", seed=2), cls(device="interp", seed=2)
+    params = {k: v + 0.1 * rng.standard_normal(v.shape).astype(np.float32) for k, v in reference.params.items()}
+    emulated.load_params(params)
+    reference.load_params(params)
+    forest = _forest(reference.cell, rng)
+    inputs = random_inputs(reference.cell, forest, rng)
+    out_e, out_r = emulated(forest, grad=True, **inputs), reference(forest, grad=True, **inputs)
+    for key, expected in out_r.items():
+        assert _relative(out_e[key], expected) < 1e-5, key
+    upstream = {key: rng.standard_normal(value.shape).astype(np.float32) for key, value in out_r.items()}
+    grads_e, grads_r = emulated.backward(out_e, upstream), reference.backward(out_r, upstream)
+    for key, expected in grads_r.items():
+        assert _relative(grads_e[key], expected) < 1e-5, f"d{key}"
+
+
+def test_cuda_device_without_pycuda_is_a_clear_error(packages):
+    pytest.importorskip("numpy")
+    try:
+        import pycuda  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("PyCUDA is installed here: the error path is not reachable")
+    model = packages["treernn"].TreeRNN(device="cuda")
+    forest = Forest.random(2, rng=0, binary=True)
+    with pytest.raises(cortexc.CortexcError, match=r"install cortexc\[cuda\] on a machine with an NVIDIA driver"):
+        model(forest, x=np.zeros((forest.num_nodes, 9), np.float32))
+
+
+def _nvcc(path) -> subprocess.CompletedProcess:
+    command = ["nvcc", "-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90",
+               "-c", "-O3", "-Werror", "all-warnings", "-Xptxas", "-v", "-o", str(path.with_suffix(".o")), str(path)]
+    return subprocess.run(command, capture_output=True, text=True)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_every_example_kernel_compiles_with_nvcc_without_spills(packages):
+    sources = []
+    for module in packages.values():
+        directory = next(iter(module.__path__))
+        sources += sorted(p for p in __import__("pathlib").Path(directory).glob("*.cu"))
+    assert len(sources) == len(EXAMPLE_FILES)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(_nvcc, sources))
+    for path, result in zip(sources, results):
+        assert result.returncode == 0, f"{path.name}:\n{result.stderr[-3000:]}"
+        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", result.stderr)
+        assert spills, result.stderr[-2000:]
+        assert all(stores == "0" and loads == "0" for stores, loads in spills), f"{path.name} spills registers"
