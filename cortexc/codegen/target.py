@@ -20,7 +20,7 @@ class Target:
 
 #: gcc with OpenMP; `-march=native` picks AVX-512 or AVX2 for the vector extensions of the GEMM.
 C = Target(name="c", source_suffix=".c", helper="static inline", restrict="__restrict__",
-           gemm_nr=16, gemm_mr=6, tile_rows=32, private_accumulators=True)
+           gemm_nr=16, gemm_mr=8, tile_rows=32, private_accumulators=True)
 
 #: nvcc; a tile of a level is one thread block, its threads share the rows x columns of every step.
 CUDA = Target(name="cuda", source_suffix=".cu", helper="__device__ inline", restrict="__restrict__",
