@@ -45,7 +45,7 @@ class CudaExecutor:
     def __init__(self, spec: Mapping[str, Any], cuda_source: str, name: str):
         self.driver, self.gpuarray = _pycuda()
         major, minor = self.driver.Context.get_device().compute_capability()
-        flags = ("-O3", "-shared", "-Xcompiler", "-fPIC", f"-arch=sm_{major}{minor}")
+        flags = ("-x", "cu", "-O3", "-shared", "-Xcompiler", "-fPIC", f"-arch=sm_{major}{minor}")  # a .cu, named .c
         self.lib = load_library(build_shared(cuda_source, f"{name}_sm{major}{minor}", compiler="nvcc", flags=flags))
         self.lib.cx_forward.argtypes = [ctypes.POINTER(CxCall), ctypes.c_void_p]
         self.lib.cx_forward.restype = ctypes.c_int
