@@ -48,8 +48,12 @@ def _relative(actual: np.ndarray, expected: np.ndarray) -> float:
     return float(np.abs(actual - expected).max() / (np.abs(expected).max() + 1e-30))
 
 
+@pytest.mark.parametrize("mode", ["persistent", "levels"])
 @pytest.mark.parametrize("name", [p.stem for p in EXAMPLE_FILES])
-def test_emulated_cuda_matches_the_interpreter(packages, name, rng):
+def test_emulated_cuda_matches_the_interpreter(packages, name, mode, rng, monkeypatch):
+    """Both launch modes: the persistent kernel (all levels in one cooperative launch, grid barriers
+    between levels) and one grid per level."""
+    monkeypatch.setenv("CORTEXC_CUDA_MODE", mode)
     module = packages[name]
     cls = getattr(module, module.__all__[0])
     emulated, reference = cls(device="cuda-emu", seed=2), cls(device="interp", seed=2)
@@ -59,6 +63,11 @@ def test_emulated_cuda_matches_the_interpreter(packages, name, rng):
     forest = _forest(reference.cell, rng)
     inputs = random_inputs(reference.cell, forest, rng)
     out_e, out_r = emulated(forest, grad=True, **inputs), reference(forest, grad=True, **inputs)
+    launches = emulated._executor_for_device().lib.cx_last_launch_count()
+    if mode == "persistent":
+        assert launches == 1  # the whole forward
+    else:
+        assert launches >= forest.num_levels
     for key, expected in out_r.items():
         assert _relative(out_e[key], expected) < 1e-5, key
     upstream = {key: rng.standard_normal(value.shape).astype(np.float32) for key, value in out_r.items()}
