@@ -51,14 +51,17 @@ class Optimizer:
             if name not in grads:
                 new[name] = value.copy()
                 continue
-            grad = np.asarray(grads[name], dtype=np.float64)
+            # in the param's own precision, as torch.optim does (float32 for models: no float64 copies
+            # of a large embedding table on every step)
+            dtype = value.dtype if np.issubdtype(value.dtype, np.floating) else np.float64
+            grad = np.asarray(grads[name], dtype=dtype)
             if grad.shape != value.shape:
                 raise InputError(f"the gradient of {name} has shape {grad.shape}, the param {value.shape}")
-            p = value.astype(np.float64)
+            p = value.astype(dtype, copy=False)
             if self.weight_decay:
                 grad = grad + self.weight_decay * p
             state = self.state.setdefault(name, {})
-            new[name] = self._update(p, grad, state).astype(value.dtype)
+            new[name] = self._update(p, grad, state).astype(value.dtype, copy=False)
         return new
 
     def _update(self, p: np.ndarray, grad: np.ndarray, state: dict) -> np.ndarray:  # pragma: no cover
@@ -99,10 +102,14 @@ class Adagrad(Optimizer):
     def _update(self, p: np.ndarray, grad: np.ndarray, state: dict) -> np.ndarray:
         total = state.get("sum")
         if total is None:
-            total = np.full(p.shape, self.initial_accumulator)
-        total = total + grad * grad
-        state["sum"] = total
-        return p - self.lr * grad / (np.sqrt(total) + self.eps)
+            total = state["sum"] = np.full(p.shape, self.initial_accumulator, dtype=p.dtype)
+        total += grad * grad  # the state is ours: updated in place
+        step = np.sqrt(total)
+        step += self.eps
+        np.divide(grad, step, out=step)
+        step *= -self.lr
+        step += p
+        return step
 
 
 class Adam(Optimizer):
@@ -120,8 +127,8 @@ class Adam(Optimizer):
     def _update(self, p: np.ndarray, grad: np.ndarray, state: dict) -> np.ndarray:
         b1, b2 = self.betas
         t = int(state.get("step", 0)) + 1
-        m = b1 * state.get("exp_avg", np.zeros(p.shape)) + (1 - b1) * grad
-        v = b2 * state.get("exp_avg_sq", np.zeros(p.shape)) + (1 - b2) * grad * grad
+        m = b1 * state.get("exp_avg", np.zeros(p.shape, p.dtype)) + (1 - b1) * grad
+        v = b2 * state.get("exp_avg_sq", np.zeros(p.shape, p.dtype)) + (1 - b2) * grad * grad
         state.update(step=t, exp_avg=m, exp_avg_sq=v)
         denom = np.sqrt(v) / math.sqrt(1 - b2**t) + self.eps
         return p - (self.lr / (1 - b1**t)) * m / denom
