@@ -110,3 +110,18 @@ def test_every_example_kernel_compiles_with_nvcc_without_spills(packages):
         spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", result.stderr)
         assert spills, result.stderr[-2000:]
         assert all(stores == "0" and loads == "0" for stores, loads in spills), f"{path.name} spills registers"
+
+
+def test_scratch_kept_between_calls_grows_with_the_forest(packages, rng):
+    """The CUDA driver keeps its scratch from call to call: a larger forest (more tiles, more children)
+    after a small one, then a small one again, must all still be right."""
+    module = packages["treelstm"]
+    emulated = module.ChildSumTreeLSTM(device="cuda-emu", seed=4)
+    reference = module.ChildSumTreeLSTM(device="interp", seed=4)
+    forests = [Forest.random(2, rng=rng, max_children=2, max_nodes=5),
+               Forest.random(30, rng=rng, max_children=9, max_nodes=25),
+               Forest.from_parents([-1])]
+    for forest in forests:
+        inputs = random_inputs(reference.cell, forest, rng)
+        got, expected = emulated(forest, **inputs), reference(forest, **inputs)
+        assert _relative(got["h"], expected["h"]) < 1e-5
