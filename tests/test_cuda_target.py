@@ -125,3 +125,22 @@ def test_scratch_kept_between_calls_grows_with_the_forest(packages, rng):
         inputs = random_inputs(reference.cell, forest, rng)
         got, expected = emulated(forest, **inputs), reference(forest, **inputs)
         assert _relative(got["h"], expected["h"]) < 1e-5
+
+
+@pytest.mark.parametrize("name, dims", [("treelstm", {"X": 40, "H": 70}),
+                                        ("binary_treelstm", {"X": 40, "H": 70, "V": 30, "C": 5})])
+def test_emulated_cuda_at_sizes_that_span_several_gemm_chunks(name, dims, rng, tmp_path, monkeypatch):
+    """K > 32 (several shared-memory chunks) and M > 128 (several column passes of the block)."""
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path / "cache"))
+    module = cortexc.load(EXAMPLES / f"{name}.cell", out_dir=tmp_path, **dims)
+    cls = getattr(module, module.__all__[0])
+    emulated, reference = cls(device="cuda-emu", seed=5), cls(device="interp", seed=5)
+    forest = _forest(reference.cell, rng)
+    inputs = random_inputs(reference.cell, forest, rng)
+    out_e, out_r = emulated(forest, grad=True, **inputs), reference(forest, grad=True, **inputs)
+    for key, expected in out_r.items():
+        assert _relative(out_e[key], expected) < 1e-5, key
+    upstream = {key: rng.standard_normal(value.shape).astype(np.float32) for key, value in out_r.items()}
+    grads_e, grads_r = emulated.backward(out_e, upstream), reference.backward(out_r, upstream)
+    for key, expected in grads_r.items():
+        assert _relative(grads_e[key], expected) < 1e-5, f"d{key}"
