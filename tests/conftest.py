@@ -39,3 +39,15 @@ def rng(request) -> np.random.Generator:
     request.node.user_properties.append(("seed", seed))
     print(f"seed={seed}")
     return np.random.default_rng(seed)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_cortexc_cache(tmp_path_factory):
+    """One build cache for the whole session, never the user's."""
+    path = tmp_path_factory.getbasetemp() / "cortexc-cache"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CORTEXC_CACHE", str(path))
+        # libgomp's default spin-waiting at the per-level barriers makes a forward 100-1000x slower when
+        # the cores are shared (other jobs, pytest-xdist): only speed, never results, depends on this
+        patch.setenv("OMP_WAIT_POLICY", os.environ.get("OMP_WAIT_POLICY", "passive"))
+        yield path

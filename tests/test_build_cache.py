@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -34,16 +33,6 @@ cell Tiny on tree {
     node { h = tanh(W @ x + sum(U @ child.h)) }
 }
 """
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _private_cortexc_cache(tmp_path_factory):
-    """The session's build cache (the same directory test_compiled.py uses), never the user's."""
-    path = tmp_path_factory.getbasetemp() / "cortexc-cache"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("CORTEXC_CACHE", str(path))
-        patch.setenv("OMP_WAIT_POLICY", os.environ.get("OMP_WAIT_POLICY", "passive"))
-        yield path
 
 
 @pytest.fixture(scope="module")

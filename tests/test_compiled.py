@@ -28,18 +28,6 @@ TOL = 1e-5
 # ----------------------------------------------------------------------------- session plumbing
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _private_cortexc_cache(tmp_path_factory):
-    """One build cache for the whole session (shared with test_build_cache.py), never the user's."""
-    path = tmp_path_factory.getbasetemp() / "cortexc-cache"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("CORTEXC_CACHE", str(path))
-        # libgomp's default spin-waiting at the per-level barriers makes a forward 100-1000x slower when
-        # the cores are shared (other jobs, pytest-xdist): only speed, never results, depends on this
-        patch.setenv("OMP_WAIT_POLICY", os.environ.get("OMP_WAIT_POLICY", "passive"))
-        yield path
-
-
 _MODULES: dict[tuple, object] = {}
 #: label -> worst relative error seen (printed at the end of the module, written to
 #: $CORTEXC_ERROR_REPORT when set)
