@@ -59,6 +59,24 @@ def _pointers(arrays: list[np.ndarray | None]) -> Any:
     return table
 
 
+def packed_weights(lib: ctypes.CDLL, spec: Mapping[str, Any], params: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """Every GEMM weight the program names: its params stacked by rows (transposed where the backward
+    multiplies by W^T) and packed into panels by the library's own `cx_pack_weight`, on the host."""
+    lib.cx_packed_floats.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.cx_packed_floats.restype = ctypes.c_int64
+    lib.cx_pack_weight.argtypes = [_P, ctypes.c_int, ctypes.c_int, _P]
+    lib.cx_pack_weight.restype = None
+    packed_all = []
+    for weight in spec["packed"]:
+        transposed = weight.get("transposed") or [False] * len(weight["params"])
+        parts = [params[p].T if t else params[p] for p, t in zip(weight["params"], transposed)]
+        stacked = np.ascontiguousarray(np.concatenate(parts, axis=0), dtype=np.float32)
+        packed = np.empty(lib.cx_packed_floats(weight["m"], weight["k"]), dtype=np.float32)
+        lib.cx_pack_weight(stacked.ctypes.data, weight["m"], weight["k"], packed.ctypes.data)
+        packed_all.append(packed)
+    return packed_all
+
+
 class Saved:
     """What a forward keeps for the backward: the full state arrays (with the zero row) and hoisted rows."""
 
@@ -77,10 +95,6 @@ class CpuExecutor:
         self.spec = spec
         self.lib = load_library(library_path)
         self._declare_entry_points()
-        self.lib.cx_packed_floats.argtypes = [ctypes.c_int, ctypes.c_int]
-        self.lib.cx_packed_floats.restype = ctypes.c_int64
-        self.lib.cx_pack_weight.argtypes = [_P, ctypes.c_int, ctypes.c_int, _P]
-        self.lib.cx_pack_weight.restype = None
         self._params: list[np.ndarray] = []
         self._packed: list[np.ndarray] = []
 
@@ -103,14 +117,7 @@ class CpuExecutor:
         """Keep the params and pack the GEMM weights (stacked as the program says) once."""
         abi = self.spec["abi"]
         self._params = [np.ascontiguousarray(params[name], dtype=np.float32) for name in abi["params"]]
-        self._packed = []
-        for weight in self.spec["packed"]:
-            transposed = weight.get("transposed") or [False] * len(weight["params"])
-            parts = [params[p].T if t else params[p] for p, t in zip(weight["params"], transposed)]
-            stacked = np.ascontiguousarray(np.concatenate(parts, axis=0), dtype=np.float32)
-            packed = np.empty(self.lib.cx_packed_floats(weight["m"], weight["k"]), dtype=np.float32)
-            self.lib.cx_pack_weight(stacked.ctypes.data, weight["m"], weight["k"], packed.ctypes.data)
-            self._packed.append(packed)
+        self._packed = packed_weights(self.lib, self.spec, params)
 
     def _call(self, lin: Linearized, input_arrays: list[np.ndarray], states: list[np.ndarray],
               hoisted: list[np.ndarray], outputs: list[np.ndarray]) -> tuple[CxCall, list[Any]]:

@@ -20,7 +20,7 @@ import numpy as np
 
 from cortexc.errors import CortexcError
 from cortexc.runtime.build import build_shared, load_library
-from cortexc.runtime.cpu import CxCall, CxGrad
+from cortexc.runtime.cpu import CxCall, CxGrad, packed_weights
 from cortexc.runtime.linearize import Linearized
 
 INSTALL_HINT = "install cortexc[cuda] on a machine with an NVIDIA driver"
@@ -52,10 +52,6 @@ class CudaExecutor:
         self.lib.cx_backward.argtypes = [ctypes.POINTER(CxCall), ctypes.POINTER(CxGrad), ctypes.c_void_p,
                                          ctypes.c_int64]
         self.lib.cx_backward.restype = ctypes.c_int
-        self.lib.cx_packed_floats.argtypes = [ctypes.c_int, ctypes.c_int]
-        self.lib.cx_packed_floats.restype = ctypes.c_int64
-        self.lib.cx_pack_weight.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
-        self.lib.cx_pack_weight.restype = None
         self.spec = spec
         self._params: list[Any] = []
         self._packed: list[Any] = []
@@ -72,14 +68,7 @@ class CudaExecutor:
     def set_params(self, params: Mapping[str, np.ndarray]) -> None:
         abi = self.spec["abi"]
         self._params = [self._up(np.asarray(params[name], np.float32)) for name in abi["params"]]
-        self._packed = []
-        for weight in self.spec["packed"]:
-            transposed = weight.get("transposed") or [False] * len(weight["params"])
-            parts = [params[p].T if t else params[p] for p, t in zip(weight["params"], transposed)]
-            stacked = np.ascontiguousarray(np.concatenate(parts, axis=0), dtype=np.float32)
-            packed = np.empty(self.lib.cx_packed_floats(weight["m"], weight["k"]), dtype=np.float32)
-            self.lib.cx_pack_weight(stacked.ctypes.data, weight["m"], weight["k"], packed.ctypes.data)
-            self._packed.append(self._up(packed))
+        self._packed = [self._up(packed) for packed in packed_weights(self.lib, self.spec, params)]
 
     def _call(self, lin: Linearized, device: dict[str, Any]) -> tuple[CxCall, list[Any]]:
         tables = {name: self._table(device[name]) for name in ("inputs", "states", "hoisted", "outputs")}
