@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from cortexc.errors import CortexcError, DimError
+from cortexc.frontend import lower_source
 from cortexc.ir.cell import Cell
 from cortexc.ir.ops import fmt_shape
 from cortexc.pipeline import compile_file
@@ -58,7 +59,9 @@ def summarize(cell: Cell) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    cells = compile_file(args.file, parse_defines(args.define), args.dump_ir)
+    defines = parse_defines(args.define)
+    compile_file(args.file, defines, args.dump_ir)  # every stage, so that check fails where compile would
+    cells = lower_source(Path(args.file).read_text(encoding="utf-8"), args.file, defines)  # as written
     print(f"{args.file}: {len(cells)} cell{'s' if len(cells) != 1 else ''}, ok")
     for cell in cells:
         print(summarize(cell))

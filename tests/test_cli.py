@@ -105,3 +105,10 @@ def test_run_rejects_a_forest_the_cell_cannot_take(tmp_path):
     result = run_cli("run", str(EXAMPLES / "treernn.cell"), "--trees", str(trees))
     assert result.returncode == 1
     assert "3 children" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_check_describes_the_blocks_as_written(capsys):
+    assert main(["check", str(EXAMPLES / "treelstm.cell")]) == 0
+    assert "blocks   node (leaves run it with no children)" in capsys.readouterr().out
+    assert main(["check", str(EXAMPLES / "treernn.cell")]) == 0
+    assert "blocks   leaf, node" in capsys.readouterr().out
