@@ -255,9 +255,14 @@ def expr_loc(expr: ast.Expr) -> SourceLoc:
     return expr.loc
 
 
-def const_int(expr: ast.Expr, dims: Mapping[str, int], sink: ErrorSink, what: str) -> int | None:
-    """Evaluate an integer expression of literals and dims (+ - * /), reporting what is wrong."""
-    value = const_value(expr, dims, sink, what)
+def const_int(expr: ast.Expr, dims: Mapping[str, int], sink: ErrorSink, what: str,
+              others: Mapping[str, str] | None = None) -> int | None:
+    """Evaluate an integer expression of literals and dims (+ - * /), reporting what is wrong.
+
+    `others` names what the other visible names are ("an input", ...) so that using one where a
+    constant is needed is reported as such rather than as an unknown dim.
+    """
+    value = const_value(expr, dims, sink, what, others)
     if value is None:
         return None
     if not math.isfinite(value) or value != int(value):
@@ -266,20 +271,25 @@ def const_int(expr: ast.Expr, dims: Mapping[str, int], sink: ErrorSink, what: st
     return int(value)
 
 
-def const_value(expr: ast.Expr, dims: Mapping[str, int], sink: ErrorSink, what: str) -> float | None:
+def const_value(expr: ast.Expr, dims: Mapping[str, int], sink: ErrorSink, what: str,
+                others: Mapping[str, str] | None = None) -> float | None:
     if isinstance(expr, ast.Number):
         return expr.value
     if isinstance(expr, ast.Name):
         if expr.name in dims:
             return float(dims[expr.name])
+        if others and expr.name in others:
+            sink.report(f"{what} must be a constant made of numbers and dims, but '{expr.name}' is "
+                        f"{others[expr.name]}", expr.loc)
+            return None
         sink.report(f"unknown dim '{expr.name}' in {what}" + did_you_mean(expr.name, dims), expr.loc)
         return None
     if isinstance(expr, ast.Neg):
-        inner = const_value(expr.operand, dims, sink, what)
+        inner = const_value(expr.operand, dims, sink, what, others)
         return None if inner is None else -inner
     if isinstance(expr, ast.Binary) and expr.op in "+-*/":
-        left = const_value(expr.left, dims, sink, what)
-        right = const_value(expr.right, dims, sink, what)
+        left = const_value(expr.left, dims, sink, what, others)
+        right = const_value(expr.right, dims, sink, what, others)
         if left is None or right is None:
             return None
         if expr.op == "/" and right == 0:

@@ -383,8 +383,9 @@ def _slice(scope: _Scope, expr: ast.Slice) -> int | None:
                           expr.loc)
         return None
     dims = scope.decl.dim_map
-    lo = 0 if expr.lo is None else const_int(expr.lo, dims, scope.sink, "a slice bound")
-    hi = v.shape[0] if expr.hi is None else const_int(expr.hi, dims, scope.sink, "a slice bound")
+    others = _other_names(scope)
+    lo = 0 if expr.lo is None else const_int(expr.lo, dims, scope.sink, "a slice bound", others)
+    hi = v.shape[0] if expr.hi is None else const_int(expr.hi, dims, scope.sink, "a slice bound", others)
     if lo is None or hi is None:
         return None
     try:
@@ -429,6 +430,15 @@ def _state_named(scope: _Scope, name: str, loc: SourceLoc) -> ir.StateDecl | Non
     return None
 
 
+def _other_names(scope: _Scope) -> dict[str, str]:
+    """What each visible non-dim name is, for messages about constants."""
+    names = {name: "a local" for name in scope.locals}
+    names.update({s.name: "a state" for s in scope.decl.states})
+    names.update({i.name: "an input" for i in scope.decl.inputs})
+    names.update({p.name: "a param" for p in scope.decl.params})
+    return names
+
+
 def _child_all(scope: _Scope, expr: ast.ChildAll) -> int | None:
     if not _children_visible(scope, f"child.{expr.state}", expr.loc):
         return None
@@ -448,7 +458,7 @@ def _child_at(scope: _Scope, expr: ast.ChildAt) -> int | None:
         scope.sink.report(f"{text} needs a cell with an arity, e.g. 'on tree(arity = 2)'; "
                           f"use child.{expr.state} for every child", expr.loc)
         return None
-    k = const_int(expr.k, scope.decl.dim_map, scope.sink, "a child number")
+    k = const_int(expr.k, scope.decl.dim_map, scope.sink, "a child number", _other_names(scope))
     if k is None:
         return None
     if not 0 <= k < arity:

@@ -147,6 +147,8 @@ def slice_shape(shape: Shape, lo: int, hi: int) -> Shape:
     """A vector's elements lo:hi, or a matrix's rows lo:hi (the latter only made by autodiff)."""
     if len(shape) not in (1, 2):
         raise ShapeError(f"only vectors can be sliced, not {fmt_shape(shape)}")
+    if 0 <= hi <= lo <= shape[0]:
+        raise ShapeError(f"slice [{lo}:{hi}] is empty (its end must come after its start)")
     if not 0 <= lo < hi <= shape[0]:
         raise ShapeError(f"slice [{lo}:{hi}] is out of range for a vector of {shape[0]}")
     return (hi - lo, *shape[1:])
