@@ -147,7 +147,7 @@ def torch_peers(params: Mapping[str, np.ndarray], device: str):
     """`peers.TorchPerNode` and `peers.TorchLevelBatched`, same math, weights and work on ``device``."""
     import torch
 
-    from benchmarks.peers import LevelPlan, TorchLevelBatched, TorchPerNode
+    from benchmarks.peers import LevelPlan, TorchLevelBatched, TorchPerNode, leaf_step, node_step
 
     dev = torch.device(device)
 
@@ -172,18 +172,11 @@ def torch_peers(params: Mapping[str, np.ndarray], device: str):
             def forward(node: int):
                 kids = children[node]
                 if not kids:
-                    iou = linear(w["E"][ids[node]], w["W_iou"], w["b_iou"])
-                    c = torch.sigmoid(iou[:hidden]) * torch.tanh(iou[2 * hidden :])
-                    h = torch.sigmoid(iou[hidden : 2 * hidden]) * torch.tanh(c)
+                    h, c = leaf_step(w["E"][ids[node]], w, hidden)
                 else:
                     h_left, c_left = forward(kids[0])
                     h_right, c_right = forward(kids[1]) if len(kids) > 1 else (zero, zero)
-                    hc = torch.cat((h_left, h_right))
-                    iou = linear(hc, w["U_iou"], w["b_iou"])
-                    f = torch.sigmoid(linear(hc, w["U_f"], w["b_f"]))
-                    c = (torch.sigmoid(iou[:hidden]) * torch.tanh(iou[2 * hidden :])
-                         + f[:hidden] * c_left + f[hidden:] * c_right)
-                    h = torch.sigmoid(iou[hidden : 2 * hidden]) * torch.tanh(c)
+                    h, c = node_step(h_left, c_left, h_right, c_right, w, hidden)
                 h_out[node], c_out[node] = h, c
                 logits_out[node] = linear(h, w["W_s"], w["b_s"])
                 return h, c

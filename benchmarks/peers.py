@@ -110,6 +110,24 @@ def _check_arity(forest: Forest) -> None:
 # ------------------------------------------------------------ per node
 
 
+def leaf_step(x: torch.Tensor, w: Mapping[str, torch.Tensor], hidden: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cell's leaf block for one word vector: (h, c)."""
+    iou = torch.nn.functional.linear(x, w["W_iou"], w["b_iou"])
+    c = torch.sigmoid(iou[:hidden]) * torch.tanh(iou[2 * hidden :])
+    return torch.sigmoid(iou[hidden : 2 * hidden]) * torch.tanh(c), c
+
+
+def node_step(h_left: torch.Tensor, c_left: torch.Tensor, h_right: torch.Tensor, c_right: torch.Tensor,
+              w: Mapping[str, torch.Tensor], hidden: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cell's node block for one node from its children's states: (h, c)."""
+    linear = torch.nn.functional.linear
+    hc = torch.cat((h_left, h_right))
+    iou = linear(hc, w["U_iou"], w["b_iou"])
+    f = torch.sigmoid(linear(hc, w["U_f"], w["b_f"]))
+    c = torch.sigmoid(iou[:hidden]) * torch.tanh(iou[2 * hidden :]) + f[:hidden] * c_left + f[hidden:] * c_right
+    return torch.sigmoid(iou[hidden : 2 * hidden]) * torch.tanh(c), c
+
+
 class TorchPerNode:
     """One recursive call per node, as in the reference Tree-LSTM code people start from.
 
@@ -147,21 +165,11 @@ class TorchPerNode:
         def forward(node: int) -> tuple[torch.Tensor, torch.Tensor]:
             kids = children[node]
             if not kids:
-                iou = linear(w["E"][ids[node]], w["W_iou"], w["b_iou"])
-                c = torch.sigmoid(iou[:hidden]) * torch.tanh(iou[2 * hidden :])
-                h = torch.sigmoid(iou[hidden : 2 * hidden]) * torch.tanh(c)
+                h, c = leaf_step(w["E"][ids[node]], w, hidden)
             else:
                 h_left, c_left = forward(kids[0])
                 h_right, c_right = forward(kids[1]) if len(kids) > 1 else (zero, zero)
-                hc = torch.cat((h_left, h_right))
-                iou = linear(hc, w["U_iou"], w["b_iou"])
-                f = torch.sigmoid(linear(hc, w["U_f"], w["b_f"]))
-                c = (
-                    torch.sigmoid(iou[:hidden]) * torch.tanh(iou[2 * hidden :])
-                    + f[:hidden] * c_left
-                    + f[hidden:] * c_right
-                )
-                h = torch.sigmoid(iou[hidden : 2 * hidden]) * torch.tanh(c)
+                h, c = node_step(h_left, c_left, h_right, c_right, w, hidden)
             h_out[node], c_out[node] = h, c
             logits_out[node] = linear(h, w["W_s"], w["b_s"])
             return h, c

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from benchmarks.peers import PARAM_NAMES, TreeDims, _check_arity, _check_words
+from benchmarks.peers import PARAM_NAMES, TreeDims, _check_arity, _check_words, leaf_step, node_step
 from cortexc.runtime.forest import Forest
 
 __all__ = ["TorchLevelBatchedTrain", "TorchPerNodeTrain", "TrainLevelPlan", "TrainPerNodePlan"]
@@ -192,21 +192,11 @@ class TorchPerNodeTrain(_TrainPeer):
         def forward(node: int) -> tuple[torch.Tensor, torch.Tensor]:
             kids = children[node]
             if not kids:
-                iou = linear(x_rows[leaf_row[node]], w["W_iou"], w["b_iou"])
-                c = torch.sigmoid(iou[:hidden]) * torch.tanh(iou[2 * hidden :])
-                h = torch.sigmoid(iou[hidden : 2 * hidden]) * torch.tanh(c)
+                h, c = leaf_step(x_rows[leaf_row[node]], w, hidden)
             else:
                 h_left, c_left = forward(kids[0])
                 h_right, c_right = forward(kids[1]) if len(kids) > 1 else (zero, zero)
-                hc = torch.cat((h_left, h_right))
-                iou = linear(hc, w["U_iou"], w["b_iou"])
-                f = torch.sigmoid(linear(hc, w["U_f"], w["b_f"]))
-                c = (
-                    torch.sigmoid(iou[:hidden]) * torch.tanh(iou[2 * hidden :])
-                    + f[:hidden] * c_left
-                    + f[hidden:] * c_right
-                )
-                h = torch.sigmoid(iou[hidden : 2 * hidden]) * torch.tanh(c)
+                h, c = node_step(h_left, c_left, h_right, c_right, w, hidden)
             logits_out[node] = linear(h, w["W_s"], w["b_s"])
             return h, c
 
