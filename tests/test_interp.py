@@ -377,7 +377,10 @@ def torch_lstm_run(torch, params, x, dtype):
             h_t, c_t = step(xs[t:t + 1], (h_t, c_t))
             cs.append(c_t[0])
     hs = out[:, 0, :].numpy()
-    assert np.allclose(hs[-1], h_n[0, 0].numpy()) and np.allclose(cs[-1].numpy(), c_n[0, 0].numpy())
+    # the two torch paths agree up to float rounding (different kernels): relative to the values' scale
+    for ours, theirs in ((hs[-1], h_n[0, 0].numpy()), (cs[-1].numpy(), c_n[0, 0].numpy())):
+        tolerance = RTOL[dtype] * max(float(np.abs(theirs).max()), 1.0)
+        assert np.allclose(ours, theirs, rtol=RTOL[dtype], atol=tolerance)
     return hs, torch.stack(cs).numpy()
 
 
