@@ -72,7 +72,8 @@ def cell_spec(cell: Cell, program: Program, kernel_files: Mapping[str, str]) -> 
         "abi": abi(cell, program),
         "kernels": dict(kernel_files),
         "schedule": [
-            {"kernel": k.name, "rows": k.rows.value, "steps": [_step_json(s) for s in k.steps]}
+            {"kernel": k.name, "rows": k.rows.value, "steps": [_step_json(s) for s in k.steps],
+             "column_period": k.split.period if k.split is not None else None}
             for k in program.kernels
         ],
     }

@@ -100,6 +100,14 @@ def render(program: Program, target: Target, source_file: str) -> str:
         {"param": name, "index": [p.name for p in cell.params].index(name), "offset": offset, "size": size}
         for name, offset, size in program.accumulators
     ]
+    node = program.kernel("node")
+    split = node.split if target.column_split else None
+    split_weights = []
+    if split is not None:
+        for step in node.steps:
+            if isinstance(step, Gemm):
+                index = [w.name for w in program.packed].index(step.packed)
+                split_weights.append({"index": index, "periods": step.m // split.period, "k": step.k})
     template = environment().get_template("kernels.j2")
     return template.render(
         target=target,
@@ -115,6 +123,10 @@ def render(program: Program, target: Target, source_file: str) -> str:
         has_grads=cell.grads is not None,
         has_pre=cell.pre is not None,
         max_child_ks=max((len(k.child_ks) for k in program.kernels), default=0),
+        num_packed=max(1, len(program.packed)),
+        split_period=split.period if split is not None else 0,
+        split_weights=split_weights,
+        split_floats_per_unit=sum(w["periods"] * w["k"] for w in split_weights),
     )
 
 
@@ -185,6 +197,13 @@ def _kernel_context(cell: Cell, program: Program, kernel: Kernel, target: Target
             child_floats += buffer.width
     offset_terms = _offset(node_floats, child_floats)
     steps = [_step_context(exprs, kernel, step) for step in kernel.steps]
+    split = kernel.split if target.column_split else None
+    packed_index = {w.name: i for i, w in enumerate(program.packed)}
+    for number, (step, context) in enumerate(zip(kernel.steps, steps)):
+        context["split"] = split is not None and split.split_steps[number]
+        context["owner_only"] = split is not None and isinstance(step, Store) and not context["split"]
+        if isinstance(step, Gemm):
+            context["packed_index"] = packed_index[step.packed]
     reads_children = bool(kernel.child_ks) or any(
         v.op in (Op.CHILD_STATE, Op.CHILD_STATE_AT, Op.NUM_CHILDREN) or v.domain.name == "CHILD"
         for v in kernel.body.values
@@ -205,6 +224,7 @@ def _kernel_context(cell: Cell, program: Program, kernel: Kernel, target: Target
         "buffers": offsets,
         "steps": steps,
         "scratch_floats": offset_terms,
+        "split": split.period if split is not None else 0,
     }
 
 

@@ -175,6 +175,15 @@ Step = Gemm | Loop | Reduce | Softmax | SmallMatmul | RowSum | Store | AccumOute
 
 
 @dataclass(frozen=True)
+class ColumnSplit:
+    """How a kernel's steps divide among thread blocks that each own residues of `period` (a column c
+    belongs to the owner of c mod period); see `cortexc.passes.columns`."""
+
+    period: int
+    split_steps: tuple[bool, ...]  # per step: runs over the owned columns only (else whole)
+
+
+@dataclass(frozen=True)
 class Kernel:
     name: str
     rows: Rows
@@ -184,6 +193,7 @@ class Kernel:
     steps: tuple[Step, ...]
     child_ks: tuple[int, ...]  # which child[k] the body reads (their node ids are gathered per tile)
     adjoints: str = ""  # gradient kernels: where `adjoint` values come from ("state", "pre" or "output")
+    split: ColumnSplit | None = None  # the node kernel: how blocks may share a level by columns
 
     def scratch_floats(self, tile_rows: int, max_children: int) -> int:
         per_node = sum(b.width for b in self.buffers if b.rows == RowKind.NODE)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import replace
 
 from cortexc.ir.cell import Body, Cell, Value
 from cortexc.ir.ops import BINARY_OPS, LEAF_OPS, REDUCE_OPS, UNARY_OPS, VECTOR_OPS, Domain, Op
@@ -53,6 +54,7 @@ from cortexc.ir.program import (
     Step,
     Store,
 )
+from cortexc.passes.columns import column_split
 
 ELEMENTWISE = BINARY_OPS | UNARY_OPS
 
@@ -73,7 +75,8 @@ def schedule(cell: Cell) -> Program:
     if cell.pre is not None:
         kernels.append(_kernel("pre", Rows.INTERNAL, cell.pre, cell, packed))
     kernels.append(_kernel("leaf", Rows.LEVEL, cell.leaf, cell, packed))
-    kernels.append(_kernel("node", Rows.LEVEL, cell.node, cell, packed))
+    node = _kernel("node", Rows.LEVEL, cell.node, cell, packed)
+    kernels.append(replace(node, split=column_split(node)))
     for out in cell.outputs:
         rows = Rows.ROOTS if out.at_root else Rows.NODES
         kernels.append(_kernel(f"out_{out.name}", rows, out.body, cell, packed))

@@ -1,0 +1,192 @@
+"""Split mode of the CUDA target ("model persistence"): small levels shared among thread blocks by
+columns, each block keeping its slice of the weights in shared memory. The analysis that decides which
+kernels may split (`cortexc.passes.columns`) is checked on the examples and on invented cells; the
+emitted code runs on the CPU emulator against the interpreter with blocks owning one, several and a
+ragged number of hidden units, with the slices in shared and in global memory, and with levels large
+enough to go by row tiles in the same launch."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+import cortexc
+from cortexc import Forest
+from cortexc.passes.columns import why_not
+from cortexc.passes.schedule import schedule
+from tests.conftest import EXAMPLES, random_inputs
+
+INVENTED = {
+    # a second GEMM on the first one's result: a node would need every block's columns
+    "two_layer": """
+cell TwoLayer on tree(arity = 2) {
+    dim X = 5, H = 6
+    input x[X]
+    param W_leaf[H, X], W1[H, 2*H], W2[H, H], b[H]
+    state h[H]
+    leaf { h = tanh(W_leaf @ x + b) }
+    node { z = tanh(W1 @ concat(child[0].h, child[1].h) + b)
+           h = tanh(W2 @ z) }
+}
+""",
+    # slices 4 columns apart: the period is 4, not H
+    "quarter": """
+cell Quarter on tree {
+    dim X = 5, H = 8
+    input x[X]
+    param W[2*H, X], U[2*H, H], b[2*H]
+    state h[H]
+    node { g = W @ x + U @ sum(child.h) + b
+           h = tanh(g[4:12]) * sigmoid(g[0:8]) + g[8:16] }
+}
+""",
+    # a GEMM over child edges, a max over children, a softmax and a scalar every block computes whole
+    "gated_max": """
+cell GatedMax on tree {
+    dim X = 5, H = 6
+    input x[X]
+    param W[H, X], W_a[H, X], U[H, H], b[H]
+    state h[H]
+    node { a = softmax(W_a @ x)
+           m = max(tanh(U @ child.h + b))
+           h = (m + W @ x) * a / (1 + sum(1)) }
+}
+""",
+}
+
+EXPECTED_PERIODS = {
+    "binary_treelstm": 150, "treelstm": 150, "lstm": 64, "dagrnn": 64, "treernn": 64, "mvrnn": None,
+    "two_layer": None, "quarter": 4, "gated_max": 6,
+}
+
+
+def _node_kernel(source: str, name: str):
+    cell = cortexc.compile_source(source, f"{name}.cell")[0]
+    return schedule(cell).kernel("node")
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_PERIODS))
+def test_which_node_kernels_split_and_their_period(name):
+    path = EXAMPLES / f"{name}.cell"
+    source = path.read_text() if path.exists() else INVENTED[name]
+    kernel = _node_kernel(source, name)
+    expected = EXPECTED_PERIODS[name]
+    if expected is None:
+        assert kernel.split is None
+        assert why_not(kernel)
+    else:
+        assert kernel.split is not None and kernel.split.period == expected
+        assert len(kernel.split.split_steps) == len(kernel.steps)
+        assert any(kernel.split.split_steps)
+
+
+def test_why_a_kernel_does_not_split():
+    assert why_not(_node_kernel(INVENTED["two_layer"], "two_layer")).endswith("is needed whole")
+    mvrnn = _node_kernel((EXAMPLES / "mvrnn.cell").read_text(), "mvrnn")
+    assert "not a GEMM" in why_not(mvrnn)  # per-node matrix products
+
+
+def test_the_period_follows_the_dims():
+    source = (EXAMPLES / "binary_treelstm.cell").read_text()
+    for hidden in (7, 64, 256):
+        cell = cortexc.compile_source(source, "b.cell", {"H": hidden})[0]
+        assert schedule(cell).kernel("node").split.period == hidden
+
+
+def test_the_c_target_never_splits(tmp_path):
+    module = cortexc.load(EXAMPLES / "binary_treelstm.cell", out_dir=tmp_path, H=8, X=4, V=10, C=3)
+    source = next(p for p in __import__("pathlib").Path(next(iter(module.__path__))).glob("*.c"))
+    text = source.read_text()
+    assert "cx_gemm_cols" not in text and "cx_u0" not in text
+
+
+def _last_plan(model) -> tuple[int, int, int]:
+    out = (ctypes.c_int64 * 3)()
+    model._executor_for_device().lib.cx_last_plan(out)
+    return out[0], out[1], out[2]
+
+
+@pytest.fixture(scope="module")
+def split_packages(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    patcher = pytest.MonkeyPatch()
+    patcher.setenv("CORTEXC_CACHE", str(cache))
+    out = tmp_path_factory.mktemp("packages")
+    built = {}
+    dims = {"X": 9, "H": 7, "V": 20, "C": 3}
+    for name in ("binary_treelstm", "treelstm", "lstm", "dagrnn", "treernn"):
+        declared = dict(cortexc.compile_file(EXAMPLES / f"{name}.cell")[0].dims)
+        built[name] = cortexc.load(EXAMPLES / f"{name}.cell", out_dir=out,
+                                   **{k: v for k, v in dims.items() if k in declared})
+    for name in ("quarter", "gated_max"):
+        path = out / f"{name}.cell"
+        path.write_text(INVENTED[name])
+        built[name] = cortexc.load(path, out_dir=out)
+    yield built
+    patcher.undo()
+
+
+def _forest(cell, rng: np.random.Generator) -> Forest:
+    if cell.structure.value == "dag":
+        return Forest.random_dag(30, rng=rng)
+    if cell.arity == 1:
+        return Forest.concat([Forest.from_parents([i + 1 if i < n - 1 else -1 for i in range(n)]) for n in (9, 3, 1)])
+    return Forest.random(10, rng=rng, binary=cell.arity == 2, max_children=cell.arity or 4, max_nodes=24)
+
+
+def _relative(actual: np.ndarray, expected: np.ndarray) -> float:
+    return float(np.abs(actual - expected).max() / (np.abs(expected).max() + 1e-30))
+
+
+#: (CORTEXC_CUDA_BLOCKS, CORTEXC_CUDA_WEIGHTS): the emulated device has 4 SMs, so by default 4 blocks
+#: own ceil(P / 4) units each (the last fewer); one block owns them all; 3 blocks leave a ragged last one
+SETTINGS = [(None, None), ("1", None), ("3", "global"), ("2", None)]
+
+
+@pytest.mark.parametrize("blocks, weights", SETTINGS)
+@pytest.mark.parametrize("name", ["binary_treelstm", "treelstm", "lstm", "dagrnn", "treernn", "quarter",
+                                  "gated_max"])
+def test_split_mode_matches_the_interpreter(split_packages, name, blocks, weights, rng, monkeypatch):
+    monkeypatch.setenv("CORTEXC_CUDA_MODE", "split")
+    for variable, value in (("CORTEXC_CUDA_BLOCKS", blocks), ("CORTEXC_CUDA_WEIGHTS", weights)):
+        if value is None:
+            monkeypatch.delenv(variable, raising=False)
+        else:
+            monkeypatch.setenv(variable, value)
+    module = split_packages[name]
+    cls = getattr(module, module.__all__[0])
+    emulated, reference = cls(device="cuda-emu", seed=3), cls(device="interp", seed=3)
+    params = {k: v + 0.1 * rng.standard_normal(v.shape).astype(np.float32) for k, v in reference.params.items()}
+    emulated.load_params(params)
+    reference.load_params(params)
+    forest = _forest(reference.cell, rng)
+    inputs = random_inputs(reference.cell, forest, rng)
+    got, expected = emulated(forest, **inputs), reference(forest, **inputs)
+    for key, value in expected.items():
+        assert _relative(got[key], value) < 1e-5, key
+
+    grid, units, slice_bytes = _last_plan(emulated)
+    period = schedule(reference.cell).kernel("node").split.period
+    owners = min(int(blocks or 4), period)
+    assert units == -(-period // owners)
+    assert grid >= -(-period // units)
+    assert (slice_bytes > 0) == (weights is None)
+    assert emulated._executor_for_device().lib.cx_last_launch_count() == 1
+
+
+def test_split_mode_is_off_where_asked(split_packages, rng, monkeypatch):
+    module = split_packages["binary_treelstm"]
+    model = module.BinaryTreeLSTM(device="cuda-emu", seed=1)
+    forest = Forest.random(3, rng=rng, binary=True, max_nodes=9)
+    inputs = random_inputs(model.cell, forest, rng)
+    monkeypatch.setenv("CORTEXC_CUDA_MODE", "persistent")
+    model(forest, **inputs)
+    assert _last_plan(model)[1] == 0
+    monkeypatch.setenv("CORTEXC_CUDA_MODE", "levels")
+    model(forest, **inputs)
+    assert _last_plan(model)[0] == 0
+    monkeypatch.delenv("CORTEXC_CUDA_MODE")
+    model(forest, **inputs)
+    assert _last_plan(model)[1] > 0  # the default where the cell splits
