@@ -6,6 +6,8 @@ same trees (SST dev, one vocabulary built from dev itself: the GPU machine carri
 - ``compiled``: the cortexc module, ``BinaryTreeLSTM(device="cuda")``: one call per batch, which validates,
   linearizes, uploads the forest, runs every level on the GPU and copies h, c and logits of every node back
   (so it synchronises inside);
+- ``compiled_rows`` (GPU only): the same module with ``CORTEXC_CUDA_MODE=persistent``, i.e. every level by
+  row tiles, without the split mode's column sharing and weights kept in shared memory;
 - ``torch_per_node``: `peers.TorchPerNode`'s recursion (one Python call and a few tiny kernels per node) with
   the weights on the GPU, on at most ``--per-node-trees`` trees per batch size;
 - ``torch_level_batched``: `peers.TorchLevelBatched` (one gather + GEMM + gates per level of the whole batch,
@@ -284,6 +286,8 @@ def run_worker(args: argparse.Namespace, which: str) -> dict[str, Any]:
             return forest, ids
 
         runners["compiled"] = (prepare, lambda work: model(work[0], word=work[1]), None)
+        if args.device == "cuda":  # the same kernels with the split mode off: what model persistence buys
+            runners["compiled_rows"] = (prepare, lambda work: in_cuda_mode("persistent", model, work), None)
 
     check_forest = Forest.from_ptb(setup.lines[:CHECK_TREES])
     check_ids = setup.vocab.encode(check_forest)
@@ -314,13 +318,32 @@ def run_worker(args: argparse.Namespace, which: str) -> dict[str, Any]:
         results[name] = entry
     if which == "compiled" and args.device == "cuda":
         try:
+            import ctypes
+
             import pycuda.autoinit
 
             meta["gpu_pycuda"] = pycuda.autoinit.device.name()
+            model(check_forest, word=check_ids)
+            plan = (ctypes.c_int64 * 3)()
+            model._executor_for_device().lib.cx_last_plan(plan)
+            meta["plan"] = {"grid": plan[0], "units": plan[1], "slice_bytes": plan[2]}
         except Exception:
             pass
     results["_meta"] = meta
     return results
+
+
+def in_cuda_mode(mode: str, model: Any, work: tuple[Any, np.ndarray]) -> Any:
+    """One compiled call with CORTEXC_CUDA_MODE set (the driver reads it at every call)."""
+    before = os.environ.get("CORTEXC_CUDA_MODE")
+    os.environ["CORTEXC_CUDA_MODE"] = mode
+    try:
+        return model(work[0], word=work[1])
+    finally:
+        if before is None:
+            del os.environ["CORTEXC_CUDA_MODE"]
+        else:
+            os.environ["CORTEXC_CUDA_MODE"] = before
 
 
 def spawn_worker(args: argparse.Namespace, which: str) -> dict[str, Any]:
@@ -366,7 +389,12 @@ def render_table(args: argparse.Namespace, setup: Setup, results: Mapping[str, A
     out.append(f"device {args.device}: {meta.get('gpu', meta.get('gpu_pycuda', '?'))}; torch {meta.get('torch', '?')}; "
                f"median of {args.repeats} timed calls per batch; per-node peer on <= {args.per_node_trees} trees "
                f"per batch size; batches of one size cover max(size, {args.max_trees}) trees")
-    for name in IMPLS:
+    if "plan" in meta:
+        plan = meta["plan"]
+        out.append(f"compiled launch plan (first 20 trees): persistent grid {plan['grid']} blocks, "
+                   f"{plan['units']} hidden unit(s) per block in split levels (0: rows only), "
+                   f"{plan['slice_bytes']} bytes of weights per block in shared memory")
+    for name in IMPLS + (("compiled_rows",) if "compiled_rows" in results else ()):
         entry = results.get(name, {"status": "n/a (not run)"})
         if entry["status"] != "ok":
             out.append(f"{name:20s} {entry['status']}")
@@ -411,6 +439,15 @@ def render_table(args: argparse.Namespace, setup: Setup, results: Mapping[str, A
                    f"{cell(ratios['torch_per_node'], 13, '.2f', 'x')} "
                    f"{cell(ratios['torch_level_batched'], 10, '.2f', 'x')} | "
                    f"{target}")
+    rows_entry = results.get("compiled_rows", {})
+    if rows_entry.get("status") == "ok" and results.get("compiled", {}).get("status") == "ok":
+        speedups = []
+        for spec in args.batches:
+            split_rate = results["compiled"]["batches"][spec]["trees_per_s"]
+            rows_rate = rows_entry["batches"][spec]["trees_per_s"]
+            speedups.append(f"batch {spec}: {split_rate / rows_rate:.2f}x")
+        out.append("split mode (model persistence) over row tiles only (CORTEXC_CUDA_MODE=persistent): "
+                   + ", ".join(speedups))
     if met:
         out.append(f"targets at batch {TARGET_BATCH}: compiled >= {TARGETS['torch_per_node']:g}x per-node and >= "
                    f"{TARGETS['torch_level_batched']:g}x level-batched trees/s: {', '.join(met)}")

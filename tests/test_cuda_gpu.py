@@ -3,7 +3,7 @@
 Skipped unless PyCUDA imports and finds a GPU; with ``CORTEXC_REQUIRE_GPU=1`` (set by
 scripts/gpu_check.sh on the GPU machine) a missing PyCUDA, GPU or SST file fails instead.
 
-- every ``examples/*.cell`` at small dims (and at middling dims, for more than one GEMM panel and tile), on
+- every ``examples/*.cell`` in every launch mode at small dims (and at middling dims, for more than one GEMM panel and tile), on
   random forests: forward within 1e-5 and backward within 1e-4 of the interpreter (normwise relative error:
   max |gpu - ref| / max |ref|);
 - the binary Tree-LSTM at H = 256 on SST dev trees (``$CORTEXC_SST_DIR`` or ``.gpu/sst`` or
@@ -93,9 +93,13 @@ def packages():
     return built
 
 
+@pytest.mark.parametrize("mode", ["split", "persistent", "levels"])
 @pytest.mark.parametrize("size", list(DIMS))
 @pytest.mark.parametrize("name", [p.stem for p in EXAMPLE_FILES])
-def test_cuda_matches_the_interpreter(packages, name, size, rng):
+def test_cuda_matches_the_interpreter(packages, name, size, mode, rng, monkeypatch):
+    """Every launch mode (CORTEXC_CUDA_MODE): split levels by columns with weights in shared memory (the
+    default), the persistent kernel by row tiles only, one grid per level."""
+    monkeypatch.setenv("CORTEXC_CUDA_MODE", mode)
     module = packages[size, name]
     cls = getattr(module, module.__all__[0])
     gpu, reference = cls(device=DEVICE, seed=2), cls(device="interp", seed=2)
@@ -145,14 +149,16 @@ def sst():
     return lines, vocab, gpu, reference
 
 
-def test_binary_treelstm_forward_on_sst_dev(sst):
+@pytest.mark.parametrize("mode", ["split", "persistent", "levels"])
+def test_binary_treelstm_forward_on_sst_dev(sst, mode, monkeypatch):
+    monkeypatch.setenv("CORTEXC_CUDA_MODE", mode)
     lines, vocab, gpu, reference = sst
     forest = Forest.from_ptb(lines[:SST_FORWARD_TREES])
     ids = vocab.encode(forest)
     out_g, out_r = gpu(forest, word=ids), reference(forest, word=ids)
     errors = {key: _relative(out_g[key], expected) for key, expected in out_r.items()}
     print(f"SST dev, {SST_FORWARD_TREES} trees, {forest.num_nodes} nodes, {forest.num_levels} levels, "
-          f"H={SST_HIDDEN}: forward rel err", errors)
+          f"H={SST_HIDDEN}, mode {mode}: forward rel err", errors)
     assert max(errors.values()) < FORWARD_RTOL, errors
     again = gpu(forest, word=ids)  # params stay on the device; a second call gives the same result
     assert max(_relative(again[key], out_g[key]) for key in out_g) < 1e-6
