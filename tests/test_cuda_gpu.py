@@ -175,3 +175,22 @@ def test_binary_treelstm_backward_on_sst_dev(sst, rng):
     errors = {f"d{key}": _relative(grads_g[key], expected) for key, expected in grads_r.items()}
     print(f"SST dev, {SST_BACKWARD_TREES} trees, H={SST_HIDDEN}: backward rel err", errors)
     assert max(errors.values()) < BACKWARD_RTOL, errors
+
+
+def test_results_can_stay_on_the_gpu(packages, rng):
+    """host=False: on device="cuda" the states and outputs come back as GPUArrays (no copy to the host);
+    they hold what the host copy holds."""
+    module = packages["small", "treelstm"]
+    gpu = module.ChildSumTreeLSTM(device=DEVICE, seed=1)
+    forest = _forest(gpu.cell, rng)
+    inputs = random_inputs(gpu.cell, forest, rng)
+    on_host, kept = gpu(forest, **inputs), gpu(forest, host=False, **inputs)
+    assert set(kept) == set(on_host)
+    for key, expected in on_host.items():
+        value = kept[key]
+        if DEVICE == "cuda":
+            from pycuda.gpuarray import GPUArray
+
+            assert isinstance(value, GPUArray), key
+            value = value.get()
+        assert value.shape == expected.shape and np.array_equal(value, expected), key

@@ -190,3 +190,23 @@ def test_split_mode_is_off_where_asked(split_packages, rng, monkeypatch):
     monkeypatch.delenv("CORTEXC_CUDA_MODE")
     model(forest, **inputs)
     assert _last_plan(model)[1] > 0  # the default where the cell splits
+
+
+@pytest.mark.parametrize("blocks", ["1", "4"])
+@pytest.mark.parametrize("name, dims", [("treelstm", {"X": 40, "H": 70}),
+                                        ("binary_treelstm", {"X": 40, "H": 70, "V": 30, "C": 5})])
+def test_split_mode_at_sizes_that_span_several_chunks_and_passes(name, dims, blocks, rng, tmp_path, monkeypatch):
+    """K > 32 (several shared-memory chunks of the rows); with one block, more owned columns than threads
+    (several column passes, no K split); with four, 18 units per block and the K range split."""
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CORTEXC_CUDA_MODE", "split")
+    monkeypatch.setenv("CORTEXC_CUDA_BLOCKS", blocks)
+    module = cortexc.load(EXAMPLES / f"{name}.cell", out_dir=tmp_path, **dims)
+    cls = getattr(module, module.__all__[0])
+    emulated, reference = cls(device="cuda-emu", seed=6), cls(device="interp", seed=6)
+    forest = _forest(reference.cell, rng)
+    inputs = random_inputs(reference.cell, forest, rng)
+    got, expected = emulated(forest, **inputs), reference(forest, **inputs)
+    for key, value in expected.items():
+        assert _relative(got[key], value) < 1e-5, key
+    assert _last_plan(emulated)[1] == 70 // int(blocks) + (70 % int(blocks) > 0)

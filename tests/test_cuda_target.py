@@ -144,3 +144,14 @@ def test_emulated_cuda_at_sizes_that_span_several_gemm_chunks(name, dims, rng, t
     grads_e, grads_r = emulated.backward(out_e, upstream), reference.backward(out_r, upstream)
     for key, expected in grads_r.items():
         assert _relative(grads_e[key], expected) < 1e-5, f"d{key}"
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda-emu", "interp"])
+def test_host_false_elsewhere_is_numpy_as_usual(packages, device, rng):
+    """Only device="cuda" keeps results on the GPU; every other device returns the same NumPy arrays."""
+    model = packages["treernn"].TreeRNN(device=device, seed=0)
+    forest = Forest.random(4, rng=rng, binary=True, max_nodes=9)
+    inputs = random_inputs(model.cell, forest, rng)
+    on_host, kept = model(forest, **inputs), model(forest, host=False, **inputs)
+    for key, expected in on_host.items():
+        assert isinstance(kept[key], np.ndarray) and np.array_equal(kept[key], expected), key

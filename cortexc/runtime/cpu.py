@@ -146,8 +146,9 @@ class CpuExecutor:
         return call, list(tables.values())
 
     def forward(self, lin: Linearized, inputs: Mapping[str, np.ndarray],
-                keep: bool = False) -> tuple[dict[str, np.ndarray], Saved | None]:
-        """States and outputs; with `keep`, also what `backward` needs."""
+                keep: bool = False, host: bool = True) -> tuple[dict[str, np.ndarray], Saved | None]:
+        """States and outputs; with `keep`, also what `backward` needs. (`host`: the results are in host
+        memory here anyway.)"""
         abi = self.spec["abi"]
         n = lin.num_nodes
         states = [np.zeros((n + 1, *shape), np.float32) for shape in self.spec["state_shapes"]]

@@ -82,7 +82,7 @@ class CudaExecutor:
         return call, list(tables.values())
 
     # --- running ------------------------------------------------------------------
-    def forward(self, lin: Linearized, inputs: Mapping[str, np.ndarray], keep: bool = False):
+    def forward(self, lin: Linearized, inputs: Mapping[str, np.ndarray], keep: bool = False, host: bool = True):
         abi, n = self.spec["abi"], lin.num_nodes
         zeros = self.gpuarray.zeros
         device: dict[str, Any] = {field: self._up(getattr(lin, field) if len(getattr(lin, field)) else
@@ -96,8 +96,12 @@ class CudaExecutor:
         call, _tables = self._call(lin, device)
         if n and (status := self.lib.cx_forward(ctypes.byref(call), lin.level_ptr.ctypes.data)) != 0:
             raise CortexcError(f"the CUDA forward failed with cudaError {status}")
-        result = {name: state.get()[:n] for name, state in zip(abi["states"], device["states"])}
-        result.update((name, out.get()) for name, out in zip(abi["outputs"], device["outputs"]))
+        if host:
+            result = {name: state.get()[:n] for name, state in zip(abi["states"], device["states"])}
+            result.update((name, out.get()) for name, out in zip(abi["outputs"], device["outputs"]))
+        else:  # GPUArrays; a state's first n rows are a view (row n is the zero row missing children read)
+            result = {name: state[:n] for name, state in zip(abi["states"], device["states"])}
+            result.update(zip(abi["outputs"], device["outputs"]))
         return result, ((lin, device) if keep else None)
 
     def backward(self, saved, upstream: Mapping[str, np.ndarray],

@@ -72,11 +72,14 @@ class CellModel:
         np.savez(path, **self._params)
 
     # --- running ----------------------------------------------------------------
-    def __call__(self, forest: Forest, grad: bool = False, **inputs: Any) -> Outputs:
+    def __call__(self, forest: Forest, grad: bool = False, host: bool = True, **inputs: Any) -> Outputs:
         """States `[N, ...]` in the forest's node order and every output, for the whole forest.
 
         With ``grad=True`` the result also keeps what `backward` needs (the
-        forest, the inputs and every state; the rest is recomputed).
+        forest, the inputs and every state; the rest is recomputed). With
+        ``host=False`` on ``device="cuda"`` the arrays stay on the GPU (PyCUDA
+        ``GPUArray``s, no copy back) for callers that go on there; every other
+        device computes in host memory and returns NumPy arrays either way.
         """
         check_forest(self.cell, forest)
         checked = check_inputs(self.cell, forest, inputs)
@@ -86,7 +89,11 @@ class CellModel:
         else:
             from cortexc.runtime.linearize import linearize
 
-            out, kept = self._executor_for_device().forward(linearize(forest), checked, keep=grad)
+            executor = self._executor_for_device()
+            if host:
+                out, kept = executor.forward(linearize(forest), checked, keep=grad)
+            else:
+                out, kept = executor.forward(linearize(forest), checked, keep=grad, host=False)
         result = Outputs(out)
         if grad:
             result.saved = (forest, checked, {s.name: out[s.name] for s in self.cell.states}, kept)
