@@ -3,9 +3,9 @@
 Skipped unless PyCUDA imports and finds a GPU; with ``CORTEXC_REQUIRE_GPU=1`` (set by
 scripts/gpu_check.sh on the GPU machine) a missing PyCUDA, GPU or SST file fails instead.
 
-- every ``examples/*.cell`` in every launch mode at small dims (and at middling dims, for more than one GEMM panel and tile), on
-  random forests: forward within 1e-5 and backward within 1e-4 of the interpreter (normwise relative error:
-  max |gpu - ref| / max |ref|);
+- every ``examples/*.cell`` in every launch mode at small dims (and at middling dims, for more than one GEMM
+  panel and tile), on random forests: forward within 1e-5 and backward within 1e-4 of the interpreter
+  (normwise relative error: max |gpu - ref| / max |ref|);
 - the binary Tree-LSTM at H = 256 on SST dev trees (``$CORTEXC_SST_DIR`` or ``.gpu/sst`` or
   ``../shared/data/sst``): forward on 100 trees, backward on 20, against the interpreter.
 
