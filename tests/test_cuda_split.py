@@ -31,6 +31,17 @@ cell TwoLayer on tree(arity = 2) {
            h = tanh(W2 @ z) }
 }
 """,
+    # slices one column apart: no period above 1, nothing to split
+    "odd_offset": """
+cell OddOffset on tree {
+    dim X = 5, H = 6
+    input x[X]
+    param W[H, X], U[H + 1, H]
+    state h[H]
+    node { g = U @ sum(child.h)
+           h = tanh(g[0:H] * g[1:H + 1] + W @ x) }
+}
+""",
     # slices 4 columns apart: the period is 4, not H
     "quarter": """
 cell Quarter on tree {
@@ -57,8 +68,8 @@ cell GatedMax on tree {
 }
 
 EXPECTED_PERIODS = {
-    "binary_treelstm": 150, "treelstm": 150, "lstm": 64, "dagrnn": 64, "treernn": 64, "mvrnn": None,
-    "two_layer": None, "quarter": 4, "gated_max": 6,
+    "binary_treelstm": 150, "treelstm": 150, "lstm": 64, "dagrnn": 64, "treernn": 64, "mvrnn": 16,
+    "two_layer": None, "odd_offset": None, "quarter": 4, "gated_max": 6,
 }
 
 
@@ -84,8 +95,10 @@ def test_which_node_kernels_split_and_their_period(name):
 
 def test_why_a_kernel_does_not_split():
     assert why_not(_node_kernel(INVENTED["two_layer"], "two_layer")).endswith("is needed whole")
+    assert why_not(_node_kernel(INVENTED["odd_offset"], "odd_offset")) == "no column period above 1"
     mvrnn = _node_kernel((EXAMPLES / "mvrnn.cell").read_text(), "mvrnn")
-    assert "not a GEMM" in why_not(mvrnn)  # per-node matrix products
+    assert why_not(mvrnn) == ""  # its per-node matrix products are computed whole by every block
+    assert not all(mvrnn.split.split_steps)
 
 
 def test_the_period_follows_the_dims():
@@ -116,7 +129,7 @@ def split_packages(tmp_path_factory):
     out = tmp_path_factory.mktemp("packages")
     built = {}
     dims = {"X": 9, "H": 7, "V": 20, "C": 3}
-    for name in ("binary_treelstm", "treelstm", "lstm", "dagrnn", "treernn"):
+    for name in ("binary_treelstm", "treelstm", "lstm", "dagrnn", "treernn", "mvrnn"):
         declared = dict(cortexc.compile_file(EXAMPLES / f"{name}.cell")[0].dims)
         built[name] = cortexc.load(EXAMPLES / f"{name}.cell", out_dir=out,
                                    **{k: v for k, v in dims.items() if k in declared})
@@ -146,8 +159,8 @@ SETTINGS = [(None, None), ("1", None), ("3", "global"), ("2", None)]
 
 
 @pytest.mark.parametrize("blocks, weights", SETTINGS)
-@pytest.mark.parametrize("name", ["binary_treelstm", "treelstm", "lstm", "dagrnn", "treernn", "quarter",
-                                  "gated_max"])
+@pytest.mark.parametrize("name", ["binary_treelstm", "treelstm", "lstm", "dagrnn", "treernn", "mvrnn",
+                                  "quarter", "gated_max"])
 def test_split_mode_matches_the_interpreter(split_packages, name, blocks, weights, rng, monkeypatch):
     monkeypatch.setenv("CORTEXC_CUDA_MODE", "split")
     for variable, value in (("CORTEXC_CUDA_BLOCKS", blocks), ("CORTEXC_CUDA_WEIGHTS", weights)):

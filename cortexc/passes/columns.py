@@ -9,8 +9,8 @@ columns never need another block's columns within the same node, which this modu
 Requires: a `Kernel` from `schedule` (its places and steps). Guarantees, when it returns a `ColumnSplit`
 with period P: every value the kernel computes is either
 
-* *full* -- needed whole (a GEMM's operand, a softmax's input, a scalar, ...) and computed from sources
-  only, so every block can compute it redundantly; or
+* *full* -- needed whole (a GEMM's operand, a softmax or a small matmul and their inputs, a scalar, ...)
+  and computed from sources only, so every block can compute it redundantly; or
 * *split* -- its width is a multiple of P and its column j reads only column j of split values, column
   j + (a multiple of P) of slices and concatenations, or anything of sources and full values; a GEMM
   output is split column by column.
@@ -27,7 +27,7 @@ import math
 
 from cortexc.ir.cell import Value
 from cortexc.ir.ops import BINARY_OPS, REDUCE_OPS, UNARY_OPS, Op
-from cortexc.ir.program import ColumnSplit, Gemm, Kernel, Loop, PlaceKind, Reduce, Store
+from cortexc.ir.program import AccumOuter, AccumSum, ColumnSplit, Gemm, Kernel, Loop, PlaceKind, Reduce, Store
 
 #: ops whose column j reads column j of their operands (scalars broadcast)
 _COLUMNWISE = BINARY_OPS | UNARY_OPS | REDUCE_OPS | {Op.EXPAND}
@@ -49,9 +49,8 @@ def why_not(kernel: Kernel) -> str:
 
 def _analyse(kernel: Kernel) -> tuple[ColumnSplit | None, str]:
     values, places = kernel.body.values, kernel.places
-    if any(not isinstance(s, Gemm | Loop | Reduce | Store) or isinstance(s, Store) and s.mode != "set"
-           for s in kernel.steps):
-        return None, "a step that is not a GEMM, loop, reduction or store"
+    if any(isinstance(s, AccumOuter | AccumSum) or isinstance(s, Store) and s.mode != "set" for s in kernel.steps):
+        return None, "a gradient kernel (accumulations, added stores)"
     computed = [places[i].kind != PlaceKind.SOURCE for i in range(len(values))]
     gemms = [s for s in kernel.steps if isinstance(s, Gemm)]
     members = {i for i, v in enumerate(values)
@@ -105,6 +104,8 @@ def _analyse(kernel: Kernel) -> tuple[ColumnSplit | None, str]:
             flags.append(True)
         elif isinstance(step, Loop):
             flags.append(step.value in split if step.compute else step.out in concat_of)
-        else:  # reductions and stores
+        elif isinstance(step, Reduce | Store):
             flags.append(step.value in split)
+        else:  # softmaxes, per-row sums and small matmuls: their values are full
+            flags.append(False)
     return ColumnSplit(period, tuple(flags)), ""

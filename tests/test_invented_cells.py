@@ -1,0 +1,98 @@
+"""Every invented test cell (the stress cells of test_compiled, the gradient cells of test_autodiff, the
+column-split cells of test_cuda_split) through both compiled targets: the C forward and backward, and
+the emitted CUDA emulated on the CPU (its default launch mode: split levels where the cell allows it),
+against the interpreter; and every such `.cu` compiled by nvcc for sm_80 and sm_90 with warnings as
+errors and no register spills. The examples have their own files; these cells reach the corners."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cortexc
+from cortexc import Forest
+from tests.conftest import random_inputs
+from tests.test_autodiff import INVENTED as GRADIENT_CELLS
+from tests.test_autodiff import invented_forest
+from tests.test_compiled import STRESS, stress_forest
+from tests.test_cuda_split import INVENTED as SPLIT_CELLS
+
+#: stem -> (source, forest for a cell)
+CELLS = {f"stress_{stem}": (text, lambda cell, kind=kind: stress_forest(kind, cell, 0))
+         for stem, (text, kind) in STRESS.items()}
+CELLS |= {f"grad_{stem}": (text, lambda cell, kind=kind: invented_forest(kind, np.random.default_rng(1)))
+          for stem, (kind, text) in GRADIENT_CELLS.items()}
+CELLS |= {f"split_{stem}": (text, lambda cell: Forest.random(8, rng=np.random.default_rng(2), max_children=3,
+                                                             max_nodes=20, binary=cell.arity == 2))
+          for stem, text in SPLIT_CELLS.items()}
+
+FORWARD_RTOL = 1e-5
+BACKWARD_RTOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    patcher = pytest.MonkeyPatch()
+    patcher.setenv("CORTEXC_CACHE", str(cache))
+    cells = tmp_path_factory.mktemp("cells")
+    out = tmp_path_factory.mktemp("packages")
+    built = {}
+    for stem, (text, _) in CELLS.items():
+        path = cells / f"{stem}.cell"
+        path.write_text(text, encoding="utf-8")
+        built[stem] = cortexc.load(path, out_dir=out)
+    yield built
+    patcher.undo()
+
+
+def _relative(actual: np.ndarray, expected: np.ndarray) -> float:
+    if expected.size == 0:
+        return 0.0
+    return float(np.abs(actual - expected).max() / (np.abs(expected).max() + 1e-30))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda-emu"])
+@pytest.mark.parametrize("stem", sorted(CELLS))
+def test_invented_cell_forward_and_backward_match_the_interpreter(packages, stem, device):
+    module = packages[stem]
+    rng = np.random.default_rng(sum(map(ord, stem)))
+    for name in module.__all__:
+        cls = getattr(module, name)
+        compiled, reference = cls(device=device, seed=4), cls(device="interp", seed=4)
+        forest = CELLS[stem][1](reference.cell)
+        inputs = random_inputs(reference.cell, forest, rng)
+        out_c, out_r = compiled(forest, grad=True, **inputs), reference(forest, grad=True, **inputs)
+        for key, expected in out_r.items():
+            assert np.all(np.isfinite(out_c[key])), key
+            assert _relative(out_c[key], expected) < FORWARD_RTOL, f"{name}.{key}"
+        upstream = {key: rng.standard_normal(value.shape).astype(np.float32) for key, value in out_r.items()}
+        grads_c, grads_r = compiled.backward(out_c, upstream), reference.backward(out_r, upstream)
+        assert set(grads_c) == set(grads_r)
+        for key, expected in grads_r.items():
+            assert _relative(grads_c[key], expected) < BACKWARD_RTOL, f"{name}: d{key}"
+
+
+def _nvcc(path: Path) -> subprocess.CompletedProcess:
+    command = ["nvcc", "-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90",
+               "-c", "-O3", "-Werror", "all-warnings", "-Xptxas", "-v", "-o", str(path.with_suffix(".o")), str(path)]
+    return subprocess.run(command, capture_output=True, text=True)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_every_invented_cell_compiles_with_nvcc_without_spills(packages):
+    sources = sorted({path for module in packages.values()
+                      for path in Path(next(iter(module.__path__))).glob("*.cu")})
+    assert len(sources) >= len(CELLS)  # a file may hold two cells: one .cu per cell
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(_nvcc, sources))
+    for path, result in zip(sources, results):
+        assert result.returncode == 0, f"{path.name}:\n{result.stderr[-3000:]}"
+        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", result.stderr)
+        assert spills and all(s == ("0", "0") for s in spills), f"{path.name} spills registers"
