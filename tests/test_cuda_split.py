@@ -223,3 +223,35 @@ def test_split_mode_at_sizes_that_span_several_chunks_and_passes(name, dims, blo
     for key, value in expected.items():
         assert _relative(got[key], value) < 1e-5, key
     assert _last_plan(emulated)[1] == 70 // int(blocks) + (70 % int(blocks) > 0)
+
+
+def test_the_plan_falls_back_when_shared_memory_is_short(rng, tmp_path, monkeypatch):
+    """The emulated device has 227 KiB of shared memory per block (opt-in), as an H100/H200: a block
+    owning all 100 units of a binary Tree-LSTM at H = 100 cannot hold their 400 KB of weights (they stay
+    in global memory, the split goes on); four blocks of 25 units can. A TreeRNN at H = 1700 cannot even
+    stage 16 rows of its 3400-wide GEMM operand: no split, rows only."""
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CORTEXC_CUDA_MODE", "split")
+    module = cortexc.load(EXAMPLES / "binary_treelstm.cell", out_dir=tmp_path, X=8, H=100, V=10, C=2)
+    emulated, reference = module.BinaryTreeLSTM(device="cuda-emu"), module.BinaryTreeLSTM(device="interp")
+    forest = Forest.random(2, rng=rng, binary=True, max_nodes=7)
+    inputs = random_inputs(reference.cell, forest, rng)
+    expected = reference(forest, **inputs)
+    for blocks, units, in_shared in (("1", 100, False), ("4", 25, True)):
+        monkeypatch.setenv("CORTEXC_CUDA_BLOCKS", blocks)
+        got = emulated(forest, **inputs)
+        assert _relative(got["h"], expected["h"]) < 1e-5
+        _, planned_units, slice_bytes = _last_plan(emulated)
+        assert planned_units == units and (slice_bytes > 0) == in_shared
+        if in_shared:
+            assert slice_bytes == 25 * 5 * 200 * 4  # 25 units x 5 gates x K = 2H floats
+
+    monkeypatch.delenv("CORTEXC_CUDA_BLOCKS")
+    wide = cortexc.load(EXAMPLES / "treernn.cell", out_dir=tmp_path, X=4, H=1700)
+    emulated, reference = wide.TreeRNN(device="cuda-emu"), wide.TreeRNN(device="interp")
+    forest = Forest.from_parents([2, 2, -1])
+    inputs = random_inputs(reference.cell, forest, rng)
+    got, expected = emulated(forest, **inputs), reference(forest, **inputs)
+    assert _relative(got["h"], expected["h"]) < 1e-5
+    grid, units, _ = _last_plan(emulated)
+    assert grid > 0 and units == 0

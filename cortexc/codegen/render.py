@@ -127,6 +127,7 @@ def render(program: Program, target: Target, source_file: str) -> str:
         split_period=split.period if split is not None else 0,
         split_weights=split_weights,
         split_floats_per_unit=sum(w["periods"] * w["k"] for w in split_weights),
+        split_stage_floats=-(-target.tile_rows * (max((w["k"] for w in split_weights), default=0) + 1) // 4) * 4,
     )
 
 
