@@ -1,0 +1,352 @@
+"""The host side of the CUDA target, shared by the GPU (``device="cuda"``) and its CPU emulation
+(``device="cuda-emu"``).
+
+Why one class: CI has no GPU, so whatever differs between the two paths goes untested. Here every
+transfer goes through the generated library's own ``cx_mem_*`` functions (the CUDA runtime inside the
+`.cu`), which the emulator implements too; the executors differ only in how the library is built and,
+on a GPU, in PyCUDA making the context and wrapping results as GPUArrays.
+
+Per call, everything the kernels read or write lives in one block of device memory (an *arena*, reused
+from call to call): the forest's index arrays, the inputs and the pointer tables are written into one
+host staging buffer and go up in one copy; the states, hoisted rows and outputs are zeroed with one
+memset; the results come back in one copy. Params and packed weights go up once, in `set_params`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cortexc.errors import CortexcError
+from cortexc.runtime.build import load_library
+from cortexc.runtime.cpu import CxCall, CxGrad, packed_weights
+from cortexc.runtime.linearize import Linearized
+
+ALIGN = 256  # bytes: every array of an arena starts on a boundary this wide
+MIN_BLOCK = 1 << 20  # the smallest block the pool allocates, so small forests share one
+
+
+def _aligned(nbytes: int) -> int:
+    return (max(nbytes, 1) + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _bytes(array: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+
+
+class Layout:
+    """Where the arrays of one call go in its arena, in the order they are placed."""
+
+    def __init__(self) -> None:
+        self.offsets: dict[str, int] = {}
+        self.nbytes: dict[str, int] = {}
+        self.size = 0
+
+    def place(self, key: str, nbytes: int) -> int:
+        self.offsets[key] = self.size
+        self.nbytes[key] = nbytes
+        self.size += _aligned(nbytes)
+        return self.offsets[key]
+
+    def span(self, first: str, last: str) -> tuple[int, int]:
+        """Offset and length of the bytes from array `first` to the end of array `last`."""
+        start = self.offsets[first]
+        return start, self.offsets[last] + self.nbytes[last] - start
+
+
+class DeviceMemory:
+    """The library's `cx_mem_*` entry points; a failed call is a `CortexcError` naming the CUDA error."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+        lib.cx_mem_alloc.argtypes = [ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p)]
+        lib.cx_mem_free.argtypes = [ctypes.c_void_p]
+        lib.cx_mem_upload.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        lib.cx_mem_zero.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+        lib.cx_mem_download.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        for name in ("cx_mem_alloc", "cx_mem_free", "cx_mem_upload", "cx_mem_zero", "cx_mem_download"):
+            getattr(lib, name).restype = ctypes.c_int
+
+    @staticmethod
+    def _check(status: int, what: str) -> None:
+        if status != 0:
+            raise CortexcError(f"CUDA {what} failed with cudaError {status}")
+
+    def alloc(self, nbytes: int) -> int:
+        pointer = ctypes.c_void_p()
+        self._check(self.lib.cx_mem_alloc(nbytes, ctypes.byref(pointer)), f"allocation of {nbytes} bytes")
+        return int(pointer.value or 0)
+
+    def free(self, address: int) -> None:
+        self._check(self.lib.cx_mem_free(address), "free")
+
+    def upload(self, address: int, host: np.ndarray) -> None:
+        if host.nbytes:
+            self._check(self.lib.cx_mem_upload(address, host.ctypes.data, host.nbytes), "copy to the device")
+
+    def zero(self, address: int, nbytes: int) -> None:
+        if nbytes:
+            self._check(self.lib.cx_mem_zero(address, nbytes), "memset")
+
+    def download(self, host: np.ndarray, address: int) -> None:
+        if host.nbytes:
+            self._check(self.lib.cx_mem_download(host.ctypes.data, address, host.nbytes), "copy to the host")
+
+
+class ArenaPool:
+    """Device blocks reused from call to call (cudaMalloc per call would cost more than a small forest's
+    whole forward). A block kept by a forward for its backward comes back when that result is dropped."""
+
+    def __init__(self, memory: DeviceMemory):
+        self.memory = memory
+        self.idle: list[tuple[int, int]] = []  # (nbytes, address)
+        self.owned: list[int] = []
+
+    def take(self, nbytes: int) -> tuple[int, int]:
+        fitting = [block for block in self.idle if block[0] >= nbytes]
+        if fitting:
+            block = min(fitting)
+            self.idle.remove(block)
+            return block
+        size = max(_aligned(nbytes), MIN_BLOCK)
+        address = self.memory.alloc(size)
+        self.owned.append(address)
+        return size, address
+
+    def give_back(self, block: tuple[int, int]) -> None:
+        self.idle.append(block)
+
+    def close(self) -> None:
+        for address in self.owned:
+            with contextlib.suppress(CortexcError):  # the context may already be gone at interpreter exit
+                self.memory.free(address)
+        self.owned, self.idle = [], []
+
+
+class DeviceSaved:
+    """What a forward keeps for its backward: its arena (returned to the pool when this is dropped),
+    the `cx_call` over it, and the shapes of what lives there."""
+
+    def __init__(self, lin: Linearized, call: CxCall, layout: Layout, base: int, inputs: dict[str, np.ndarray],
+                 hoisted_shapes: list[tuple[int, int]]):
+        self.lin = lin
+        self.call = call
+        self.layout = layout
+        self.base = base
+        self.input_shapes = {name: array.shape for name, array in inputs.items()}
+        self.hoisted_shapes = hoisted_shapes
+
+
+class DeviceExecutor:
+    """Runs one compiled cell's CUDA library. `spec` is the cell's entry of the generated JSON."""
+
+    def __init__(self, spec: Mapping[str, Any], library_path: Path):
+        self.spec = spec
+        self.lib = load_library(library_path)
+        self.lib.cx_forward.argtypes = [ctypes.POINTER(CxCall), ctypes.c_void_p]
+        self.lib.cx_forward.restype = ctypes.c_int
+        if hasattr(self.lib, "cx_backward"):
+            self.lib.cx_backward.argtypes = [ctypes.POINTER(CxCall), ctypes.POINTER(CxGrad), ctypes.c_void_p,
+                                             ctypes.c_int64]
+            self.lib.cx_backward.restype = ctypes.c_int
+        self.memory = DeviceMemory(self.lib)
+        self.pool = ArenaPool(self.memory)
+        self._param_block = 0
+        self._param_addresses: list[int] = []
+        self._packed_addresses: list[int] = []
+        weakref.finalize(self, ArenaPool.close, self.pool)
+
+    # --- params ----------------------------------------------------------------
+    def set_params(self, params: Mapping[str, np.ndarray]) -> None:
+        """Upload the params and their packed GEMM weights, in one copy, once."""
+        names = self.spec["abi"]["params"]
+        arrays = [np.ascontiguousarray(params[name], np.float32) for name in names]
+        arrays += packed_weights(self.lib, self.spec, params)
+        layout = Layout()
+        for index, array in enumerate(arrays):
+            layout.place(str(index), array.nbytes)
+        staging = np.zeros(layout.size, np.uint8)
+        for index, array in enumerate(arrays):
+            offset = layout.offsets[str(index)]
+            staging[offset:offset + array.nbytes] = _bytes(array)
+        block = self.memory.alloc(layout.size)
+        self.pool.owned.append(block)  # freed with the pool
+        self.memory.upload(block, staging)
+        if self._param_block:
+            self.pool.owned.remove(self._param_block)
+            self.memory.free(self._param_block)
+        self._param_block = block
+        addresses = [block + layout.offsets[str(i)] for i in range(len(arrays))]
+        self._param_addresses, self._packed_addresses = addresses[:len(names)], addresses[len(names):]
+
+    # --- forward -----------------------------------------------------------------
+    def forward(self, lin: Linearized, inputs: Mapping[str, np.ndarray], keep: bool = False,
+                host: bool = True) -> tuple[dict[str, Any], DeviceSaved | None]:
+        abi, n = self.spec["abi"], lin.num_nodes
+        uploads = {field: getattr(lin, field) for field in ("level_order", "level_ptr", "edge_ptr", "edge_child",
+                                                              "roots")}
+        uploads |= {f"input/{name}": np.ascontiguousarray(inputs[name]) for name in abi["inputs"]}
+        shapes: dict[str, tuple[int, ...]] = {}
+        for name, shape in zip(abi["states"], self.spec["state_shapes"]):
+            shapes[f"state/{name}"] = (n + 1, *shape)  # row n: zeros, what a missing child reads
+        for name, out in zip(abi["outputs"], self.spec["outputs"]):
+            shapes[f"output/{name}"] = (len(lin.roots) if out["at_root"] else n, *out["shape"])
+        internal = max(n - lin.num_leaves, 1)
+        hoisted_shapes = [(internal, width) for width in self.spec["hoisted_widths"]]
+        for name, shape in zip(abi["hoisted"], hoisted_shapes):
+            shapes[f"hoisted/{name}"] = shape
+        table_names = {
+            "params": None, "packed": None,
+            "inputs": [f"input/{name}" for name in abi["inputs"]],
+            "states": [f"state/{name}" for name in abi["states"]],
+            "hoisted": [f"hoisted/{name}" for name in abi["hoisted"]],
+            "outputs": [f"output/{name}" for name in abi["outputs"]],
+        }
+
+        layout = Layout()
+        for key, array in uploads.items():
+            layout.place(key, array.nbytes)
+        for table, keys in table_names.items():
+            count = len(self._param_addresses if table == "params" else self._packed_addresses
+                        if table == "packed" else keys)
+            layout.place(f"table/{table}", 8 * max(count, 1))
+        uploaded = layout.size
+        for key, shape in shapes.items():  # states, then outputs, then hoisted rows: results are one span
+            layout.place(key, 4 * int(np.prod(shape)))
+
+        size, base = self.pool.take(layout.size)
+        try:
+            staging = np.zeros(uploaded, np.uint8)
+            for key, array in uploads.items():
+                offset = layout.offsets[key]
+                staging[offset:offset + array.nbytes] = _bytes(array)
+            for table, keys in table_names.items():
+                if table == "params":
+                    addresses = self._param_addresses
+                elif table == "packed":
+                    addresses = self._packed_addresses
+                else:
+                    addresses = [base + layout.offsets[key] for key in keys]
+                offset = layout.offsets[f"table/{table}"]
+                pointers = np.array(addresses or [0], np.uint64)
+                staging[offset:offset + pointers.nbytes] = _bytes(pointers)
+            self.memory.upload(base, staging)
+            self.memory.zero(base + uploaded, layout.size - uploaded)
+
+            def at(key: str) -> int:
+                return base + layout.offsets[key]
+
+            call = CxCall(num_nodes=n, num_levels=lin.num_levels, max_children=lin.max_children,
+                          num_roots=len(lin.roots),
+                          **{field: at(field) for field in uploads if "/" not in field},
+                          **{table: at(f"table/{table}") for table in table_names})
+            if n and (status := self.lib.cx_forward(ctypes.byref(call), lin.level_ptr.ctypes.data)) != 0:
+                raise CortexcError(f"the CUDA forward failed with cudaError {status}")
+
+            result_keys = [k for k in shapes if not k.startswith("hoisted/")]
+            if host:
+                result = self._download(layout, base, result_keys, shapes)
+            else:
+                result = self._on_device({k: (at(k), shapes[k]) for k in result_keys})
+            result = {key.split("/", 1)[1]: value[:n] if key.startswith("state/") else value
+                      for key, value in result.items()}
+        except BaseException:
+            self.pool.give_back((size, base))
+            raise
+        if not keep:
+            self.pool.give_back((size, base))
+            return result, None
+        saved = DeviceSaved(lin, call, layout, base, {name: uploads[f"input/{name}"] for name in abi["inputs"]},
+                            hoisted_shapes)
+        weakref.finalize(saved, self.pool.give_back, (size, base))
+        return result, saved
+
+    def _download(self, layout: Layout, base: int, keys: list[str],
+                  shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+        """The arrays `keys` (consecutive in the arena) in one copy to the host."""
+        if not keys:
+            return {}
+        start, length = layout.span(keys[0], keys[-1])
+        buffer = np.empty(length, np.uint8)
+        self.memory.download(buffer, base + start)
+        arrays = {}
+        for key in keys:
+            offset = layout.offsets[key] - start
+            arrays[key] = buffer[offset:offset + layout.nbytes[key]].view(np.float32).reshape(shapes[key])
+        return arrays
+
+    def _on_device(self, where: Mapping[str, tuple[int, tuple[int, ...]]]) -> dict[str, Any]:
+        """Results left on the device (``host=False``); here (no GPU arrays to give) the host copies."""
+        arrays = {}
+        for key, (address, shape) in where.items():
+            host = np.empty(shape, np.float32)
+            self.memory.download(host, address)
+            arrays[key] = host
+        return arrays
+
+    # --- backward ----------------------------------------------------------------
+    def backward(self, saved: DeviceSaved, upstream: Mapping[str, np.ndarray],
+                 param_shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+        abi, lin = self.spec["abi"], saved.lin
+        n = lin.num_nodes
+        index_inputs = {i["name"] for i in self.spec["inputs"] if i["dtype"] == "int32"}
+        float_inputs = [name for name in abi["inputs"] if name not in index_inputs]
+
+        uploads: dict[str, np.ndarray] = {}
+        for name, shape in zip(abi["states"], self.spec["state_shapes"]):
+            d_state = np.zeros((n + 1, *shape), np.float32)
+            if name in upstream:
+                d_state[:n] = upstream[name]
+            uploads[f"d_state/{name}"] = d_state
+        for name in abi["outputs"]:
+            if name in upstream:
+                uploads[f"upstream/{name}"] = np.ascontiguousarray(upstream[name], np.float32)
+        zeroed = {f"d_param/{name}": tuple(param_shapes[name]) for name in abi["params"]}
+        zeroed |= {f"d_input/{name}": saved.input_shapes[name] for name in float_inputs}
+        zeroed |= {f"d_hoisted/{name}": shape for name, shape in zip(abi["hoisted"], saved.hoisted_shapes)}
+        tables = {
+            "d_params": [f"d_param/{name}" for name in abi["params"]],
+            "d_inputs": [None if name in index_inputs else f"d_input/{name}" for name in abi["inputs"]],
+            "d_states": [f"d_state/{name}" for name in abi["states"]],
+            "d_hoisted": [f"d_hoisted/{name}" for name in abi["hoisted"]],
+            "upstream": [f"upstream/{name}" if name in upstream else None for name in abi["outputs"]],
+        }
+
+        layout = Layout()
+        for key, array in uploads.items():
+            layout.place(key, array.nbytes)
+        for table, keys in tables.items():
+            layout.place(f"table/{table}", 8 * max(len(keys), 1))
+        uploaded = layout.size
+        for key, shape in zeroed.items():  # d_params, then d_inputs: the results are one span
+            layout.place(key, 4 * int(np.prod(shape)))
+
+        size, base = self.pool.take(layout.size)
+        try:
+            staging = np.zeros(uploaded, np.uint8)
+            for key, array in uploads.items():
+                offset = layout.offsets[key]
+                staging[offset:offset + array.nbytes] = _bytes(array)
+            for table, keys in tables.items():
+                pointers = np.array([0 if key is None else base + layout.offsets[key] for key in keys] or [0],
+                                    np.uint64)
+                offset = layout.offsets[f"table/{table}"]
+                staging[offset:offset + pointers.nbytes] = _bytes(pointers)
+            self.memory.upload(base, staging)
+            self.memory.zero(base + uploaded, layout.size - uploaded)
+            grad = CxGrad(*(base + layout.offsets[f"table/{table}"] for table in tables))
+            mask = sum(1 << index for index, name in enumerate(abi["outputs"]) if name in upstream)
+            if n and (status := self.lib.cx_backward(ctypes.byref(saved.call), ctypes.byref(grad),
+                                                      lin.level_ptr.ctypes.data, mask)) != 0:
+                raise CortexcError(f"the CUDA backward failed with cudaError {status}")
+            keys = [key for key in zeroed if not key.startswith("d_hoisted/")]
+            arrays = self._download(layout, base, keys, zeroed)
+        finally:
+            self.pool.give_back((size, base))
+        return {key.split("/", 1)[1]: array for key, array in arrays.items()}
