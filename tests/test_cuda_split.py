@@ -78,6 +78,28 @@ def _node_kernel(source: str, name: str):
     return schedule(cell).kernel("node")
 
 
+def test_the_leaf_kernel_splits_with_the_node_kernels_period():
+    """One ownership of columns serves the whole launch: every example's leaf kernel splits with H too;
+    a leaf kernel whose period differs from the node kernel's stays whole."""
+    for path in sorted(EXAMPLES.glob("*.cell")):
+        program = schedule(cortexc.compile_file(path)[0])
+        assert program.kernel("leaf").split.period == program.kernel("node").split.period, path.stem
+    source = """
+cell Mismatch on tree(arity = 2) {
+    dim X = 4, H = 6
+    input x[X]
+    param W_leaf[H, X], W[H, 2*H], b[H]
+    state h[H]
+    leaf { g = W_leaf @ x
+           h = concat(tanh(g[0:2]), g[2:4] * g[4:6], g[0:2]) }
+    node { h = tanh(W @ concat(child[0].h, child[1].h) + b) }
+}
+"""
+    program = schedule(cortexc.compile_source(source, "mismatch.cell")[0])
+    assert program.kernel("node").split.period == 6
+    assert program.kernel("leaf").split is None
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED_PERIODS))
 def test_which_node_kernels_split_and_their_period(name):
     path = EXAMPLES / f"{name}.cell"
@@ -244,7 +266,8 @@ def test_the_plan_falls_back_when_shared_memory_is_short(rng, tmp_path, monkeypa
         _, planned_units, slice_bytes = _last_plan(emulated)
         assert planned_units == units and (slice_bytes > 0) == in_shared
         if in_shared:
-            assert slice_bytes == 25 * 5 * 200 * 4  # 25 units x 5 gates x K = 2H floats
+            # 25 units x (5 node gates x K = 2H + 3 leaf gates x K = X) floats
+            assert slice_bytes == 25 * (5 * 200 + 3 * 8) * 4
 
     monkeypatch.delenv("CORTEXC_CUDA_BLOCKS")
     wide = cortexc.load(EXAMPLES / "treernn.cell", out_dir=tmp_path, X=4, H=1700)

@@ -100,13 +100,15 @@ def render(program: Program, target: Target, source_file: str) -> str:
         {"param": name, "index": [p.name for p in cell.params].index(name), "offset": offset, "size": size}
         for name, offset, size in program.accumulators
     ]
-    node = program.kernel("node")
+    node, leaf = program.kernel("node"), program.kernel("leaf")
     split = node.split if target.column_split else None
-    split_weights = []
-    if split is not None:
-        for step in node.steps:
-            if isinstance(step, Gemm):
-                index = [w.name for w in program.packed].index(step.packed)
+    split_weights: list[dict[str, int]] = []
+    for kernel in (leaf, node):
+        if split is None or kernel.split is None:
+            continue
+        for step in kernel.steps:
+            index = [w.name for w in program.packed].index(step.packed) if isinstance(step, Gemm) else -1
+            if index >= 0 and all(w["index"] != index for w in split_weights):
                 split_weights.append({"index": index, "periods": step.m // split.period, "k": step.k})
     template = environment().get_template("kernels.j2")
     return template.render(
@@ -125,6 +127,7 @@ def render(program: Program, target: Target, source_file: str) -> str:
         max_child_ks=max((len(k.child_ks) for k in program.kernels), default=0),
         num_packed=max(1, len(program.packed)),
         split_period=split.period if split is not None else 0,
+        leaf_split=split is not None and leaf.split is not None,
         split_weights=split_weights,
         split_floats_per_unit=sum(w["periods"] * w["k"] for w in split_weights),
         split_stage_floats=-(-target.tile_rows * (max((w["k"] for w in split_weights), default=0) + 1) // 4) * 4,

@@ -74,9 +74,13 @@ def schedule(cell: Cell) -> Program:
     kernels = []
     if cell.pre is not None:
         kernels.append(_kernel("pre", Rows.INTERNAL, cell.pre, cell, packed))
-    kernels.append(_kernel("leaf", Rows.LEVEL, cell.leaf, cell, packed))
+    leaf = _kernel("leaf", Rows.LEVEL, cell.leaf, cell, packed)
     node = _kernel("node", Rows.LEVEL, cell.node, cell, packed)
-    kernels.append(replace(node, split=column_split(node)))
+    node = replace(node, split=column_split(node))
+    leaf_split = column_split(leaf)
+    if node.split is None or leaf_split is None or leaf_split.period != node.split.period:
+        leaf_split = None  # one ownership of columns serves the whole launch: the node kernel's
+    kernels += [replace(leaf, split=leaf_split), node]
     for out in cell.outputs:
         rows = Rows.ROOTS if out.at_root else Rows.NODES
         kernels.append(_kernel(f"out_{out.name}", rows, out.body, cell, packed))
