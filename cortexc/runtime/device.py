@@ -133,10 +133,11 @@ class DeviceSaved:
     """What a forward keeps for its backward: its arena (returned to the pool when this is dropped),
     the `cx_call` over it, and the shapes of what lives there."""
 
-    def __init__(self, lin: Linearized, call: CxCall, layout: Layout, base: int, inputs: dict[str, np.ndarray],
-                 hoisted_shapes: list[tuple[int, int]]):
+    def __init__(self, lin: Linearized, call: CxCall, device_call: int, layout: Layout, base: int,
+                 inputs: dict[str, np.ndarray], hoisted_shapes: list[tuple[int, int]]):
         self.lin = lin
         self.call = call
+        self.device_call = device_call
         self.layout = layout
         self.base = base
         self.input_shapes = {name: array.shape for name, array in inputs.items()}
@@ -149,11 +150,11 @@ class DeviceExecutor:
     def __init__(self, spec: Mapping[str, Any], library_path: Path):
         self.spec = spec
         self.lib = load_library(library_path)
-        self.lib.cx_forward.argtypes = [ctypes.POINTER(CxCall), ctypes.c_void_p]
+        self.lib.cx_forward.argtypes = [ctypes.POINTER(CxCall), ctypes.c_void_p, ctypes.c_void_p]
         self.lib.cx_forward.restype = ctypes.c_int
         if hasattr(self.lib, "cx_backward"):
-            self.lib.cx_backward.argtypes = [ctypes.POINTER(CxCall), ctypes.POINTER(CxGrad), ctypes.c_void_p,
-                                             ctypes.c_int64]
+            self.lib.cx_backward.argtypes = [ctypes.POINTER(CxCall), ctypes.c_void_p, ctypes.c_void_p,
+                                             ctypes.c_void_p, ctypes.c_int64]
             self.lib.cx_backward.restype = ctypes.c_int
         self.memory = DeviceMemory(self.lib)
         self.pool = ArenaPool(self.memory)
@@ -216,6 +217,7 @@ class DeviceExecutor:
             count = len(self._param_addresses if table == "params" else self._packed_addresses
                         if table == "packed" else keys)
             layout.place(f"table/{table}", 8 * max(count, 1))
+        layout.place("call", ctypes.sizeof(CxCall))  # the struct itself goes up with the rest
         uploaded = layout.size
         for key, shape in shapes.items():  # states, then outputs, then hoisted rows: results are one span
             layout.place(key, 4 * int(np.prod(shape)))
@@ -236,8 +238,6 @@ class DeviceExecutor:
                 offset = layout.offsets[f"table/{table}"]
                 pointers = np.array(addresses or [0], np.uint64)
                 staging[offset:offset + pointers.nbytes] = _bytes(pointers)
-            self.memory.upload(base, staging)
-            self.memory.zero(base + uploaded, layout.size - uploaded)
 
             def at(key: str) -> int:
                 return base + layout.offsets[key]
@@ -246,7 +246,12 @@ class DeviceExecutor:
                           num_roots=len(lin.roots),
                           **{field: at(field) for field in uploads if "/" not in field},
                           **{table: at(f"table/{table}") for table in table_names})
-            if n and (status := self.lib.cx_forward(ctypes.byref(call), lin.level_ptr.ctypes.data)) != 0:
+            offset = layout.offsets["call"]
+            staging[offset:offset + ctypes.sizeof(call)] = np.frombuffer(bytes(call), np.uint8)
+            self.memory.upload(base, staging)
+            self.memory.zero(base + uploaded, layout.size - uploaded)
+            if n and (status := self.lib.cx_forward(ctypes.byref(call), at("call"),
+                                                     lin.level_ptr.ctypes.data)) != 0:
                 raise CortexcError(f"the CUDA forward failed with cudaError {status}")
 
             result_keys = [k for k in shapes if not k.startswith("hoisted/")]
@@ -262,8 +267,8 @@ class DeviceExecutor:
         if not keep:
             self.pool.give_back((size, base))
             return result, None
-        saved = DeviceSaved(lin, call, layout, base, {name: uploads[f"input/{name}"] for name in abi["inputs"]},
-                            hoisted_shapes)
+        kept_inputs = {name: uploads[f"input/{name}"] for name in abi["inputs"]}
+        saved = DeviceSaved(lin, call, at("call"), layout, base, kept_inputs, hoisted_shapes)
         weakref.finalize(saved, self.pool.give_back, (size, base))
         return result, saved
 
@@ -323,6 +328,7 @@ class DeviceExecutor:
             layout.place(key, array.nbytes)
         for table, keys in tables.items():
             layout.place(f"table/{table}", 8 * max(len(keys), 1))
+        layout.place("grad", ctypes.sizeof(CxGrad))
         uploaded = layout.size
         for key, shape in zeroed.items():  # d_params, then d_inputs: the results are one span
             layout.place(key, 4 * int(np.prod(shape)))
@@ -338,12 +344,14 @@ class DeviceExecutor:
                                     np.uint64)
                 offset = layout.offsets[f"table/{table}"]
                 staging[offset:offset + pointers.nbytes] = _bytes(pointers)
+            grad = CxGrad(*(base + layout.offsets[f"table/{table}"] for table in tables))
+            offset = layout.offsets["grad"]
+            staging[offset:offset + ctypes.sizeof(grad)] = np.frombuffer(bytes(grad), np.uint8)
             self.memory.upload(base, staging)
             self.memory.zero(base + uploaded, layout.size - uploaded)
-            grad = CxGrad(*(base + layout.offsets[f"table/{table}"] for table in tables))
             mask = sum(1 << index for index, name in enumerate(abi["outputs"]) if name in upstream)
-            if n and (status := self.lib.cx_backward(ctypes.byref(saved.call), ctypes.byref(grad),
-                                                      lin.level_ptr.ctypes.data, mask)) != 0:
+            if n and (status := self.lib.cx_backward(ctypes.byref(saved.call), saved.device_call,
+                                                      base + offset, lin.level_ptr.ctypes.data, mask)) != 0:
                 raise CortexcError(f"the CUDA backward failed with cudaError {status}")
             keys = [key for key in zeroed if not key.startswith("d_hoisted/")]
             arrays = self._download(layout, base, keys, zeroed)
