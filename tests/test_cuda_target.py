@@ -155,3 +155,63 @@ def test_host_false_elsewhere_is_numpy_as_usual(packages, device, rng):
     on_host, kept = model(forest, **inputs), model(forest, host=False, **inputs)
     for key, expected in on_host.items():
         assert isinstance(kept[key], np.ndarray) and np.array_equal(kept[key], expected), key
+
+
+class _StandInGPUArray:
+    """What cuda.py uses of a PyCUDA GPUArray, over host memory (the emulator's "device" memory)."""
+
+    def __init__(self, shape, dtype):
+        self._host = np.zeros(shape, dtype)
+        self.gpudata = self._host.ctypes.data
+        self.nbytes = self._host.nbytes
+        self.shape = self._host.shape
+
+    def get(self):
+        return self._host.copy()
+
+
+def test_the_cuda_executor_with_a_stand_in_for_pycuda(packages, rng, monkeypatch):
+    """device="cuda" end to end on the CPU: PyCUDA replaced by a stand-in (its context reports sm_90, its
+    device-to-device copy is a memmove) and nvcc by the emulator build. What is left for a GPU run is PyCUDA
+    itself and the driver; cuda.py's own logic (arch flags, results kept on the device) runs here."""
+    import ctypes
+    import sys
+    import types
+
+    from cortexc.runtime import cuda as cuda_runtime
+    from cortexc.runtime.cuda_emulated import build_emulated
+
+    device = types.SimpleNamespace(compute_capability=lambda: (9, 0))
+    driver = types.ModuleType("pycuda.driver")
+    driver.Context = types.SimpleNamespace(get_device=lambda: device)
+    driver.memcpy_dtod = lambda dst, src, nbytes: ctypes.memmove(int(dst), int(src), nbytes)
+    gpuarray = types.ModuleType("pycuda.gpuarray")
+    gpuarray.empty = _StandInGPUArray
+    package = types.ModuleType("pycuda")
+    package.driver, package.gpuarray = driver, gpuarray
+    for name, module in {"pycuda": package, "pycuda.autoinit": types.ModuleType("pycuda.autoinit"),
+                         "pycuda.driver": driver, "pycuda.gpuarray": gpuarray}.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    builds = []
+
+    def build(source, name, source_path=None, compiler=None, flags=()):
+        builds.append((name, compiler, flags))
+        return build_emulated(source, name)
+
+    monkeypatch.setattr(cuda_runtime, "build_shared", build)
+
+    module = packages["binary_treelstm"]
+    gpu, reference = module.BinaryTreeLSTM(device="cuda", seed=3), module.BinaryTreeLSTM(device="interp", seed=3)
+    forest = Forest.random(6, rng=rng, binary=True, max_nodes=15)
+    inputs = random_inputs(reference.cell, forest, rng)
+    out, expected = gpu(forest, grad=True, **inputs), reference(forest, grad=True, **inputs)
+    assert builds and builds[0][1] == "nvcc" and "-arch=sm_90" in builds[0][2] and builds[0][0].endswith("_sm90")
+    for key in expected:
+        assert _relative(out[key], expected[key]) < 1e-5, key
+    kept = gpu(forest, host=False, **inputs)
+    for key in expected:
+        assert isinstance(kept[key], _StandInGPUArray) and np.array_equal(kept[key].get(), out[key]), key
+    upstream = {"logits": rng.standard_normal(expected["logits"].shape).astype(np.float32)}
+    grads, expected_grads = gpu.backward(out, upstream), reference.backward(expected, upstream)
+    for key in expected_grads:
+        assert _relative(grads[key], expected_grads[key]) < 1e-5, key

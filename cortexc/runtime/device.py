@@ -254,13 +254,14 @@ class DeviceExecutor:
                                                      lin.level_ptr.ctypes.data)) != 0:
                 raise CortexcError(f"the CUDA forward failed with cudaError {status}")
 
-            result_keys = [k for k in shapes if not k.startswith("hoisted/")]
+            # a state's first n rows (row n is the zero row missing children read)
+            result_shapes = {key: (n, *shape[1:]) if key.startswith("state/") else shape
+                             for key, shape in shapes.items() if not key.startswith("hoisted/")}
             if host:
-                result = self._download(layout, base, result_keys, shapes)
+                result = self._download(layout, base, result_shapes)
             else:
-                result = self._on_device({k: (at(k), shapes[k]) for k in result_keys})
-            result = {key.split("/", 1)[1]: value[:n] if key.startswith("state/") else value
-                      for key, value in result.items()}
+                result = self._on_device({key: (at(key), shape) for key, shape in result_shapes.items()})
+            result = {key.split("/", 1)[1]: value for key, value in result.items()}
         except BaseException:
             self.pool.give_back((size, base))
             raise
@@ -272,18 +273,20 @@ class DeviceExecutor:
         weakref.finalize(saved, self.pool.give_back, (size, base))
         return result, saved
 
-    def _download(self, layout: Layout, base: int, keys: list[str],
-                  shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
-        """The arrays `keys` (consecutive in the arena) in one copy to the host."""
-        if not keys:
+    def _download(self, layout: Layout, base: int, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+        """The arrays `shapes` names (consecutive in the arena; each may be a leading part of its place) in
+        one copy to the host."""
+        if not shapes:
             return {}
+        keys = list(shapes)
         start, length = layout.span(keys[0], keys[-1])
         buffer = np.empty(length, np.uint8)
         self.memory.download(buffer, base + start)
         arrays = {}
-        for key in keys:
+        for key, shape in shapes.items():
             offset = layout.offsets[key] - start
-            arrays[key] = buffer[offset:offset + layout.nbytes[key]].view(np.float32).reshape(shapes[key])
+            nbytes = 4 * int(np.prod(shape))
+            arrays[key] = buffer[offset:offset + nbytes].view(np.float32).reshape(shape)
         return arrays
 
     def _on_device(self, where: Mapping[str, tuple[int, tuple[int, ...]]]) -> dict[str, Any]:
@@ -353,8 +356,8 @@ class DeviceExecutor:
             if n and (status := self.lib.cx_backward(ctypes.byref(saved.call), saved.device_call,
                                                       base + offset, lin.level_ptr.ctypes.data, mask)) != 0:
                 raise CortexcError(f"the CUDA backward failed with cudaError {status}")
-            keys = [key for key in zeroed if not key.startswith("d_hoisted/")]
-            arrays = self._download(layout, base, keys, zeroed)
+            arrays = self._download(layout, base, {key: shape for key, shape in zeroed.items()
+                                                   if not key.startswith("d_hoisted/")})
         finally:
             self.pool.give_back((size, base))
         return {key.split("/", 1)[1]: array for key, array in arrays.items()}
