@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cortexc import __version__
-from cortexc.codegen.render import abi, environment, render
+from cortexc.codegen.render import abi, deferred_outer_products, environment, render
 from cortexc.codegen.target import TARGETS, Target
 from cortexc.errors import CortexcError
 from cortexc.ir.cell import Cell
@@ -71,6 +71,8 @@ def cell_spec(cell: Cell, program: Program, kernel_files: Mapping[str, str]) -> 
                    for w in program.packed],
         "abi": abi(cell, program),
         "kernels": dict(kernel_files),
+        "deferred": [{"rows": t["rows"], "m": t["m"], "k": t["k"], "param": t["param"]}
+                     for t in deferred_outer_products(program)],
         "schedule": [
             {"kernel": k.name, "rows": k.rows.value, "steps": [_step_json(s) for s in k.steps],
              "column_period": k.split.period if k.split is not None else None}

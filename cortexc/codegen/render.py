@@ -84,7 +84,8 @@ _ROWS_DOC = {
 def render(program: Program, target: Target, source_file: str) -> str:
     """The kernel source of a program for a target (C or CUDA), from the one skeleton."""
     cell = program.cell
-    kernels = [_kernel_context(cell, program, kernel, target) for kernel in program.kernels]
+    deferred = deferred_outer_products(program) if target.defer_outer_products else []
+    kernels = [_kernel_context(cell, program, kernel, target, deferred) for kernel in program.kernels]
     outputs = [
         {"kernel": k.name, "count": "call->num_roots" if k.rows == Rows.ROOTS else "call->num_nodes"}
         for k in program.kernels
@@ -126,12 +127,45 @@ def render(program: Program, target: Target, source_file: str) -> str:
         has_pre=cell.pre is not None,
         max_child_ks=max((len(k.child_ks) for k in program.kernels), default=0),
         num_packed=max(1, len(program.packed)),
+        deferred=[{**term, "param_index": [p.name for p in cell.params].index(term["param"])} for term in deferred],
         split_period=split.period if split is not None else 0,
         leaf_split=split is not None and leaf.split is not None,
         split_weights=split_weights,
         split_floats_per_unit=sum(w["periods"] * w["k"] for w in split_weights),
         split_stage_floats=-(-target.tile_rows * (max((w["k"] for w in split_weights), default=0) + 1) // 4) * 4,
     )
+
+
+#: the rows a gradient kernel covers, as positions (C expressions over `call`), by its row set and name
+_KERNEL_POSITIONS = {
+    Rows.INTERNAL: ("call->level_ptr[1]", "call->num_nodes"),
+    Rows.NODES: ("0", "call->num_nodes"),
+    Rows.ROOTS: ("0", "call->num_roots"),
+}
+
+
+def deferred_outer_products(program: Program) -> list[dict[str, Any]]:
+    """The weight gradients a target defers (`Target.defer_outer_products`): every `AccumOuter` of a
+    gradient kernel. During the recursion its factors' rows are kept, one row per node position (or
+    child edge) of the forest, and after it one GEMM per term over all those rows adds them up. On a
+    GPU this moves the weight gradients' FLOPs out of the levels (where a few blocks would do them) into
+    one phase every block shares. Each term: its kernel and step, param, m, k, rows ("node"/"child"), and
+    the first and last row of the forest (C expressions over `call`)."""
+    terms = []
+    for kernel in program.kernels:
+        for number, step in enumerate(kernel.steps):
+            if not isinstance(step, AccumOuter):
+                continue
+            if kernel.rows == Rows.LEVEL:
+                first, last = (("call->level_ptr[1]", "call->num_nodes") if kernel.name == "grad_node"
+                               else ("0", "call->level_ptr[1]"))
+            else:
+                first, last = _KERNEL_POSITIONS[kernel.rows]
+            if step.rows == RowKind.CHILD:
+                first, last = f"call->edge_ptr[{first}]", f"call->edge_ptr[{last}]"
+            terms.append({"kernel": kernel.name, "step": number, "param": step.param, "m": step.m, "k": step.k,
+                          "rows": step.rows.value, "first": first, "last": last})
+    return terms
 
 
 def _symbols(cell: Cell, program: Program, kernel: Kernel, target: Target) -> list[str]:
@@ -189,7 +223,8 @@ def _symbols(cell: Cell, program: Program, kernel: Kernel, target: Target) -> li
     return decls
 
 
-def _kernel_context(cell: Cell, program: Program, kernel: Kernel, target: Target) -> dict[str, Any]:
+def _kernel_context(cell: Cell, program: Program, kernel: Kernel, target: Target,
+                    deferred: list[dict[str, Any]]) -> dict[str, Any]:
     exprs = KernelExprs(cell, kernel)
     offsets, offset_terms = [], []
     node_floats = child_floats = 0
@@ -208,6 +243,13 @@ def _kernel_context(cell: Cell, program: Program, kernel: Kernel, target: Target
         context["owner_only"] = split is not None and isinstance(step, Store) and not context["split"]
         if isinstance(step, Gemm):
             context["packed_index"] = packed_index[step.packed]
+        if isinstance(step, AccumOuter):
+            where = [i for i, t in enumerate(deferred) if t["kernel"] == kernel.name and t["step"] == number]
+            context["deferred"] = where[0] if where else None
+            if where:
+                del context["acc"]  # nothing is added here: the deferred phase adds to the gradient
+            context["first_row"] = "e0" if step.rows == RowKind.CHILD else "pos0"
+            context["rows"] = step.rows.value
     reads_children = bool(kernel.child_ks) or any(
         v.op in (Op.CHILD_STATE, Op.CHILD_STATE_AT, Op.NUM_CHILDREN) or v.domain.name == "CHILD"
         for v in kernel.body.values

@@ -17,6 +17,7 @@ class Target:
     private_accumulators: bool  # weight gradients summed per thread (C) or added atomically (CUDA)
     threads_per_block: int = 1  # CUDA: threads that share a tile
     column_split: bool = False  # CUDA: small levels may be shared among blocks by columns (ColumnSplit)
+    defer_outer_products: bool = False  # CUDA: weight gradients as one GEMM after the recursion
 
 
 #: gcc with OpenMP; `-march=native` picks AVX-512 or AVX2 for the vector extensions of the GEMM.
@@ -26,6 +27,6 @@ C = Target(name="c", source_suffix=".c", helper="static inline", restrict="__res
 #: nvcc; a tile of a level is one thread block, its threads share the rows x columns of every step.
 CUDA = Target(name="cuda", source_suffix=".cu", helper="__device__ inline", restrict="__restrict__",
               gemm_nr=16, gemm_mr=1, tile_rows=16, private_accumulators=False, threads_per_block=128,
-              column_split=True)
+              column_split=True, defer_outer_products=True)
 
 TARGETS = {"c": C, "cuda": CUDA}

@@ -48,6 +48,7 @@ class CxGrad(ctypes.Structure):
         ("d_states", _P),
         ("d_hoisted", _P),
         ("upstream", _P),
+        ("deferred", _P),  # CUDA only: the deferred weight gradients' factor rows
     ]
 
 

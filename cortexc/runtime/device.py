@@ -318,12 +318,18 @@ class DeviceExecutor:
         zeroed = {f"d_param/{name}": tuple(param_shapes[name]) for name in abi["params"]}
         zeroed |= {f"d_input/{name}": saved.input_shapes[name] for name in float_inputs}
         zeroed |= {f"d_hoisted/{name}": shape for name, shape in zip(abi["hoisted"], saved.hoisted_shapes)}
+        # the deferred weight gradients' factor rows: one per node position, or per child edge
+        edges = int(lin.edge_ptr[-1]) if len(lin.edge_ptr) else 0
+        for index, term in enumerate(self.spec.get("deferred", [])):
+            rows = max(edges if term["rows"] == "child" else n, 1)
+            zeroed[f"deferred/{index}"] = (rows, term["m"] + term["k"])
         tables = {
             "d_params": [f"d_param/{name}" for name in abi["params"]],
             "d_inputs": [None if name in index_inputs else f"d_input/{name}" for name in abi["inputs"]],
             "d_states": [f"d_state/{name}" for name in abi["states"]],
             "d_hoisted": [f"d_hoisted/{name}" for name in abi["hoisted"]],
             "upstream": [f"upstream/{name}" if name in upstream else None for name in abi["outputs"]],
+            "deferred": [f"deferred/{index}" for index in range(len(self.spec.get("deferred", [])))],
         }
 
         layout = Layout()
@@ -357,7 +363,7 @@ class DeviceExecutor:
                                                       base + offset, lin.level_ptr.ctypes.data, mask)) != 0:
                 raise CortexcError(f"the CUDA backward failed with cudaError {status}")
             arrays = self._download(layout, base, {key: shape for key, shape in zeroed.items()
-                                                   if not key.startswith("d_hoisted/")})
+                                                   if key.startswith(("d_param/", "d_input/"))})
         finally:
             self.pool.give_back((size, base))
         return {key.split("/", 1)[1]: array for key, array in arrays.items()}
