@@ -17,7 +17,7 @@ class Target:
     private_accumulators: bool  # weight gradients summed per thread (C) or added atomically (CUDA)
     threads_per_block: int = 1  # CUDA: threads that share a tile
     column_split: bool = False  # CUDA: small levels may be shared among blocks by columns (ColumnSplit)
-    defer_outer_products: bool = False  # CUDA: weight gradients as one GEMM after the recursion
+    defer_outer_products: bool = False  # CUDA: weight gradients as one GEMM after the recursion (its only way)
 
 
 #: gcc with OpenMP; `-march=native` picks AVX-512 or AVX2 for the vector extensions of the GEMM.
