@@ -32,6 +32,37 @@ def random_inputs(cell, forest, rng: np.random.Generator, scale: float = 1.0) ->
     return inputs
 
 
+def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
+    """Normwise: max |actual - expected| / max |expected| (0 for empty arrays)."""
+    if expected.size == 0:
+        return 0.0
+    return float(np.abs(actual - expected).max() / (np.abs(expected).max() + 1e-30))
+
+
+def small_forest(cell, rng: np.random.Generator, trees: int, max_nodes: int, chains=(7, 2, 1),
+                 dag_nodes: int = 30):
+    """A forest the cell accepts: a random DAG for DAG cells, chains of the given lengths for chain
+    cells, else random trees (binary for arity 2, nodes missing children for other arities)."""
+    from cortexc import Forest
+
+    if cell.structure.value == "dag":
+        return Forest.random_dag(dag_nodes, rng=rng)
+    if cell.arity == 1:
+        return Forest.concat([Forest.from_parents([i + 1 if i < n - 1 else -1 for i in range(n)]) for n in chains])
+    return Forest.random(trees, rng=rng, binary=cell.arity == 2, max_children=cell.arity or 5, max_nodes=max_nodes)
+
+
+def twin_models(module, device: str, seed: int, rng: np.random.Generator, jitter: float = 0.1):
+    """The package's first cell on `device` and in the interpreter, with the same params: the seeded
+    init plus noise (so that no gradient is trivially zero)."""
+    cls = getattr(module, module.__all__[0])
+    model, reference = cls(device=device, seed=seed), cls(device="interp", seed=seed)
+    params = {k: v + jitter * rng.standard_normal(v.shape).astype(np.float32) for k, v in reference.params.items()}
+    model.load_params(params)
+    reference.load_params(params)
+    return model, reference
+
+
 @pytest.fixture
 def rng(request) -> np.random.Generator:
     """A fresh seed per test (printed on failure via the test id's hash), reproducible by CORTEXC_SEED."""

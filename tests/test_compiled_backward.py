@@ -7,18 +7,10 @@ import pytest
 
 import cortexc
 from cortexc import Forest
-from tests.conftest import EXAMPLES, random_inputs
+from tests.conftest import EXAMPLES, random_inputs, small_forest
 
 DIMS = {"X": 9, "H": 7, "V": 20, "C": 3}
 
-
-def _forest(cell, rng: np.random.Generator) -> Forest:
-    if cell.structure.value == "dag":
-        return Forest.random_dag(40, rng=rng)
-    if cell.arity == 1:
-        chains = [Forest.from_parents([i + 1 if i < n - 1 else -1 for i in range(n)]) for n in (6, 3, 1)]
-        return Forest.concat(chains)
-    return Forest.random(6, rng=rng, binary=cell.arity == 2, max_children=cell.arity or 5, max_nodes=15)
 
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.cell")), ids=lambda p: p.stem)
@@ -32,7 +24,7 @@ def test_compiled_gradients_match_the_interpreter(path, rng, tmp_path_factory, m
     params = {k: v + 0.1 * rng.standard_normal(v.shape).astype(np.float32) for k, v in compiled.params.items()}
     compiled.load_params(params)
     reference.load_params(params)
-    forest = _forest(compiled.cell, rng)
+    forest = small_forest(compiled.cell, rng, 6, 15, chains=(6, 3, 1), dag_nodes=40)
     inputs = random_inputs(compiled.cell, forest, rng)
     out_c = compiled(forest, grad=True, **inputs)
     out_r = reference(forest, grad=True, **inputs)

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import ctypes
 
-import numpy as np
 import pytest
 
 import cortexc
 from cortexc import Forest
 from cortexc.passes.columns import why_not
 from cortexc.passes.schedule import schedule
-from tests.conftest import EXAMPLES, random_inputs
+from tests.conftest import EXAMPLES, random_inputs, relative_error, small_forest, twin_models
 
 INVENTED = {
     # a second GEMM on the first one's result: a node would need every block's columns
@@ -145,9 +144,6 @@ def _last_plan(model) -> tuple[int, int, int]:
 
 @pytest.fixture(scope="module")
 def split_packages(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("cache")
-    patcher = pytest.MonkeyPatch()
-    patcher.setenv("CORTEXC_CACHE", str(cache))
     out = tmp_path_factory.mktemp("packages")
     built = {}
     dims = {"X": 9, "H": 7, "V": 20, "C": 3}
@@ -159,20 +155,9 @@ def split_packages(tmp_path_factory):
         path = out / f"{name}.cell"
         path.write_text(INVENTED[name])
         built[name] = cortexc.load(path, out_dir=out)
-    yield built
-    patcher.undo()
+    return built
 
 
-def _forest(cell, rng: np.random.Generator) -> Forest:
-    if cell.structure.value == "dag":
-        return Forest.random_dag(30, rng=rng)
-    if cell.arity == 1:
-        return Forest.concat([Forest.from_parents([i + 1 if i < n - 1 else -1 for i in range(n)]) for n in (9, 3, 1)])
-    return Forest.random(10, rng=rng, binary=cell.arity == 2, max_children=cell.arity or 4, max_nodes=24)
-
-
-def _relative(actual: np.ndarray, expected: np.ndarray) -> float:
-    return float(np.abs(actual - expected).max() / (np.abs(expected).max() + 1e-30))
 
 
 #: (CORTEXC_CUDA_BLOCKS, CORTEXC_CUDA_WEIGHTS): the emulated device has 4 SMs, so by default 4 blocks
@@ -191,16 +176,12 @@ def test_split_mode_matches_the_interpreter(split_packages, name, blocks, weight
         else:
             monkeypatch.setenv(variable, value)
     module = split_packages[name]
-    cls = getattr(module, module.__all__[0])
-    emulated, reference = cls(device="cuda-emu", seed=3), cls(device="interp", seed=3)
-    params = {k: v + 0.1 * rng.standard_normal(v.shape).astype(np.float32) for k, v in reference.params.items()}
-    emulated.load_params(params)
-    reference.load_params(params)
-    forest = _forest(reference.cell, rng)
+    emulated, reference = twin_models(module, "cuda-emu", 3, rng)
+    forest = small_forest(reference.cell, rng, 10, 24, chains=(9, 3, 1))
     inputs = random_inputs(reference.cell, forest, rng)
     got, expected = emulated(forest, **inputs), reference(forest, **inputs)
     for key, value in expected.items():
-        assert _relative(got[key], value) < 1e-5, key
+        assert relative_error(got[key], value) < 1e-5, key
 
     grid, units, slice_bytes = _last_plan(emulated)
     period = schedule(reference.cell).kernel("node").split.period
@@ -239,11 +220,11 @@ def test_split_mode_at_sizes_that_span_several_chunks_and_passes(name, dims, blo
     module = cortexc.load(EXAMPLES / f"{name}.cell", out_dir=tmp_path, **dims)
     cls = getattr(module, module.__all__[0])
     emulated, reference = cls(device="cuda-emu", seed=6), cls(device="interp", seed=6)
-    forest = _forest(reference.cell, rng)
+    forest = small_forest(reference.cell, rng, 10, 24, chains=(9, 3, 1))
     inputs = random_inputs(reference.cell, forest, rng)
     got, expected = emulated(forest, **inputs), reference(forest, **inputs)
     for key, value in expected.items():
-        assert _relative(got[key], value) < 1e-5, key
+        assert relative_error(got[key], value) < 1e-5, key
     assert _last_plan(emulated)[1] == 70 // int(blocks) + (70 % int(blocks) > 0)
 
 
@@ -262,7 +243,7 @@ def test_the_plan_falls_back_when_shared_memory_is_short(rng, tmp_path, monkeypa
     for blocks, units, in_shared in (("1", 100, False), ("4", 25, True)):
         monkeypatch.setenv("CORTEXC_CUDA_BLOCKS", blocks)
         got = emulated(forest, **inputs)
-        assert _relative(got["h"], expected["h"]) < 1e-5
+        assert relative_error(got["h"], expected["h"]) < 1e-5
         _, planned_units, slice_bytes = _last_plan(emulated)
         assert planned_units == units and (slice_bytes > 0) == in_shared
         if in_shared:
@@ -275,6 +256,6 @@ def test_the_plan_falls_back_when_shared_memory_is_short(rng, tmp_path, monkeypa
     forest = Forest.from_parents([2, 2, -1])
     inputs = random_inputs(reference.cell, forest, rng)
     got, expected = emulated(forest, **inputs), reference(forest, **inputs)
-    assert _relative(got["h"], expected["h"]) < 1e-5
+    assert relative_error(got["h"], expected["h"]) < 1e-5
     grid, units, _ = _last_plan(emulated)
     assert grid > 0 and units == 0

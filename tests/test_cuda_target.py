@@ -14,7 +14,7 @@ import pytest
 
 import cortexc
 from cortexc import Forest
-from tests.conftest import EXAMPLES, random_inputs
+from tests.conftest import EXAMPLES, random_inputs, relative_error, small_forest, twin_models
 
 DIMS = {"X": 9, "H": 7, "V": 20, "C": 3}
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.cell"))
@@ -23,29 +23,14 @@ EXAMPLE_FILES = sorted(EXAMPLES.glob("*.cell"))
 @pytest.fixture(scope="module")
 def packages(tmp_path_factory):
     """Every example compiled once for both targets (small dims, so emulation stays quick)."""
-    cache = tmp_path_factory.mktemp("cache")
-    patcher = pytest.MonkeyPatch()
-    patcher.setenv("CORTEXC_CACHE", str(cache))
     out = tmp_path_factory.mktemp("packages")
     built = {}
     for path in EXAMPLE_FILES:
         declared = dict(cortexc.compile_file(path)[0].dims)
         built[path.stem] = cortexc.load(path, out_dir=out, **{k: v for k, v in DIMS.items() if k in declared})
-    yield built
-    patcher.undo()
+    return built
 
 
-def _forest(cell, rng: np.random.Generator) -> Forest:
-    if cell.structure.value == "dag":
-        return Forest.random_dag(30, rng=rng)
-    if cell.arity == 1:
-        return Forest.concat([Forest.from_parents([i + 1 if i < n - 1 else -1 for i in range(n)]) for n in (7, 2, 1)])
-    # more than one tile (16 rows) per level, and nodes with missing children for arity cells
-    return Forest.random(12, rng=rng, binary=cell.arity == 2, max_children=cell.arity or 5, max_nodes=20)
-
-
-def _relative(actual: np.ndarray, expected: np.ndarray) -> float:
-    return float(np.abs(actual - expected).max() / (np.abs(expected).max() + 1e-30))
 
 
 @pytest.mark.parametrize("mode", ["persistent", "levels"])
@@ -55,12 +40,8 @@ def test_emulated_cuda_matches_the_interpreter(packages, name, mode, rng, monkey
     between levels) and one grid per level."""
     monkeypatch.setenv("CORTEXC_CUDA_MODE", mode)
     module = packages[name]
-    cls = getattr(module, module.__all__[0])
-    emulated, reference = cls(device="cuda-emu", seed=2), cls(device="interp", seed=2)
-    params = {k: v + 0.1 * rng.standard_normal(v.shape).astype(np.float32) for k, v in reference.params.items()}
-    emulated.load_params(params)
-    reference.load_params(params)
-    forest = _forest(reference.cell, rng)
+    emulated, reference = twin_models(module, "cuda-emu", 2, rng)
+    forest = small_forest(reference.cell, rng, 12, 20)
     inputs = random_inputs(reference.cell, forest, rng)
     out_e, out_r = emulated(forest, grad=True, **inputs), reference(forest, grad=True, **inputs)
     launches = emulated._executor_for_device().lib.cx_last_launch_count()
@@ -69,11 +50,11 @@ def test_emulated_cuda_matches_the_interpreter(packages, name, mode, rng, monkey
     else:
         assert launches >= forest.num_levels
     for key, expected in out_r.items():
-        assert _relative(out_e[key], expected) < 1e-5, key
+        assert relative_error(out_e[key], expected) < 1e-5, key
     upstream = {key: rng.standard_normal(value.shape).astype(np.float32) for key, value in out_r.items()}
     grads_e, grads_r = emulated.backward(out_e, upstream), reference.backward(out_r, upstream)
     for key, expected in grads_r.items():
-        assert _relative(grads_e[key], expected) < 1e-5, f"d{key}"
+        assert relative_error(grads_e[key], expected) < 1e-5, f"d{key}"
 
 
 def test_cuda_device_without_pycuda_is_a_clear_error(packages):
@@ -124,7 +105,7 @@ def test_scratch_kept_between_calls_grows_with_the_forest(packages, rng):
     for forest in forests:
         inputs = random_inputs(reference.cell, forest, rng)
         got, expected = emulated(forest, **inputs), reference(forest, **inputs)
-        assert _relative(got["h"], expected["h"]) < 1e-5
+        assert relative_error(got["h"], expected["h"]) < 1e-5
 
 
 @pytest.mark.parametrize("name, dims", [("treelstm", {"X": 40, "H": 70}),
@@ -135,15 +116,15 @@ def test_emulated_cuda_at_sizes_that_span_several_gemm_chunks(name, dims, rng, t
     module = cortexc.load(EXAMPLES / f"{name}.cell", out_dir=tmp_path, **dims)
     cls = getattr(module, module.__all__[0])
     emulated, reference = cls(device="cuda-emu", seed=5), cls(device="interp", seed=5)
-    forest = _forest(reference.cell, rng)
+    forest = small_forest(reference.cell, rng, 12, 20)
     inputs = random_inputs(reference.cell, forest, rng)
     out_e, out_r = emulated(forest, grad=True, **inputs), reference(forest, grad=True, **inputs)
     for key, expected in out_r.items():
-        assert _relative(out_e[key], expected) < 1e-5, key
+        assert relative_error(out_e[key], expected) < 1e-5, key
     upstream = {key: rng.standard_normal(value.shape).astype(np.float32) for key, value in out_r.items()}
     grads_e, grads_r = emulated.backward(out_e, upstream), reference.backward(out_r, upstream)
     for key, expected in grads_r.items():
-        assert _relative(grads_e[key], expected) < 1e-5, f"d{key}"
+        assert relative_error(grads_e[key], expected) < 1e-5, f"d{key}"
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda-emu", "interp"])
@@ -207,11 +188,11 @@ def test_the_cuda_executor_with_a_stand_in_for_pycuda(packages, rng, monkeypatch
     out, expected = gpu(forest, grad=True, **inputs), reference(forest, grad=True, **inputs)
     assert builds and builds[0][1] == "nvcc" and "-arch=sm_90" in builds[0][2] and builds[0][0].endswith("_sm90")
     for key in expected:
-        assert _relative(out[key], expected[key]) < 1e-5, key
+        assert relative_error(out[key], expected[key]) < 1e-5, key
     kept = gpu(forest, host=False, **inputs)
     for key in expected:
         assert isinstance(kept[key], _StandInGPUArray) and np.array_equal(kept[key].get(), out[key]), key
     upstream = {"logits": rng.standard_normal(expected["logits"].shape).astype(np.float32)}
     grads, expected_grads = gpu.backward(out, upstream), reference.backward(expected, upstream)
     for key in expected_grads:
-        assert _relative(grads[key], expected_grads[key]) < 1e-5, key
+        assert relative_error(grads[key], expected_grads[key]) < 1e-5, key

@@ -11,20 +11,14 @@ import pytest
 import cortexc
 from cortexc import Forest
 from cortexc.runtime.device import DeviceMemory, Layout
-from tests.conftest import EXAMPLES, random_inputs
+from tests.conftest import EXAMPLES, random_inputs, relative_error
 
 
 @pytest.fixture(scope="module")
 def module(tmp_path_factory):
-    patcher = pytest.MonkeyPatch()
-    patcher.setenv("CORTEXC_CACHE", str(tmp_path_factory.mktemp("cache")))
-    yield cortexc.load(EXAMPLES / "binary_treelstm.cell", out_dir=tmp_path_factory.mktemp("pkg"),
-                       X=6, H=5, V=30, C=3)
-    patcher.undo()
+    return cortexc.load(EXAMPLES / "binary_treelstm.cell", out_dir=tmp_path_factory.mktemp("pkg"),
+                        X=6, H=5, V=30, C=3)
 
-
-def _relative(actual: np.ndarray, expected: np.ndarray) -> float:
-    return float(np.abs(actual - expected).max() / (np.abs(expected).max() + 1e-30))
 
 
 def _counting(monkeypatch) -> dict[str, int]:
@@ -56,9 +50,9 @@ def test_one_upload_one_memset_one_download_per_call(module, rng, monkeypatch):
     expected = reference(forest, grad=True, **inputs)
     expected_grads = reference.backward(expected, {"logits": np.ones_like(expected["logits"])})
     for key in expected:
-        assert _relative(out[key], expected[key]) < 1e-5, key
+        assert relative_error(out[key], expected[key]) < 1e-5, key
     for key in expected_grads:
-        assert _relative(grads[key], expected_grads[key]) < 1e-5, key
+        assert relative_error(grads[key], expected_grads[key]) < 1e-5, key
 
 
 def test_a_kept_forward_survives_other_calls_and_its_arena_comes_back(module, rng):
@@ -75,7 +69,7 @@ def test_a_kept_forward_survives_other_calls_and_its_arena_comes_back(module, rn
     grads = model.backward(kept, upstream)
     expected = reference.backward(reference(first, grad=True, **inputs_first), upstream)
     for key in expected:
-        assert _relative(grads[key], expected[key]) < 1e-5, key
+        assert relative_error(grads[key], expected[key]) < 1e-5, key
 
     pool = model._executor_for_device().pool
     owned = len(pool.owned)

@@ -17,7 +17,7 @@ import pytest
 
 import cortexc
 from cortexc import Forest
-from tests.conftest import random_inputs
+from tests.conftest import random_inputs, relative_error
 from tests.test_autodiff import INVENTED as GRADIENT_CELLS
 from tests.test_autodiff import invented_forest
 from tests.test_compiled import STRESS, stress_forest
@@ -38,9 +38,6 @@ BACKWARD_RTOL = 1e-5
 
 @pytest.fixture(scope="module")
 def packages(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("cache")
-    patcher = pytest.MonkeyPatch()
-    patcher.setenv("CORTEXC_CACHE", str(cache))
     cells = tmp_path_factory.mktemp("cells")
     out = tmp_path_factory.mktemp("packages")
     built = {}
@@ -48,14 +45,8 @@ def packages(tmp_path_factory):
         path = cells / f"{stem}.cell"
         path.write_text(text, encoding="utf-8")
         built[stem] = cortexc.load(path, out_dir=out)
-    yield built
-    patcher.undo()
+    return built
 
-
-def _relative(actual: np.ndarray, expected: np.ndarray) -> float:
-    if expected.size == 0:
-        return 0.0
-    return float(np.abs(actual - expected).max() / (np.abs(expected).max() + 1e-30))
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda-emu"])
@@ -71,12 +62,12 @@ def test_invented_cell_forward_and_backward_match_the_interpreter(packages, stem
         out_c, out_r = compiled(forest, grad=True, **inputs), reference(forest, grad=True, **inputs)
         for key, expected in out_r.items():
             assert np.all(np.isfinite(out_c[key])), key
-            assert _relative(out_c[key], expected) < FORWARD_RTOL, f"{name}.{key}"
+            assert relative_error(out_c[key], expected) < FORWARD_RTOL, f"{name}.{key}"
         upstream = {key: rng.standard_normal(value.shape).astype(np.float32) for key, value in out_r.items()}
         grads_c, grads_r = compiled.backward(out_c, upstream), reference.backward(out_r, upstream)
         assert set(grads_c) == set(grads_r)
         for key, expected in grads_r.items():
-            assert _relative(grads_c[key], expected) < BACKWARD_RTOL, f"{name}: d{key}"
+            assert relative_error(grads_c[key], expected) < BACKWARD_RTOL, f"{name}: d{key}"
 
 
 def _nvcc(path: Path) -> subprocess.CompletedProcess:

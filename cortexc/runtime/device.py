@@ -129,6 +129,35 @@ class ArenaPool:
         self.owned, self.idle = [], []
 
 
+def _layout(uploads: Mapping[str, np.ndarray], tables: Mapping[str, int], struct: tuple[str, int],
+            zeroed: Mapping[str, tuple[int, ...]]) -> tuple[Layout, int]:
+    """One call's arena: the uploaded arrays, the pointer tables (their entry counts) and the call's struct
+    first (one copy up), then the float32 arrays to zero (one memset); also where the zeroed part starts."""
+    layout = Layout()
+    for key, array in uploads.items():
+        layout.place(key, array.nbytes)
+    for table, count in tables.items():
+        layout.place(f"table/{table}", 8 * max(count, 1))
+    layout.place(*struct)
+    uploaded = layout.size
+    for key, shape in zeroed.items():
+        layout.place(key, 4 * int(np.prod(shape)))
+    return layout, uploaded
+
+
+def _staging(layout: Layout, uploaded: int, uploads: Mapping[str, np.ndarray],
+             tables: Mapping[str, list[int]], struct: tuple[str, ctypes.Structure]) -> np.ndarray:
+    """The host bytes of the uploaded part of an arena."""
+    staging = np.zeros(uploaded, np.uint8)
+    pieces = list(uploads.items())
+    pieces += [(f"table/{table}", np.array(addresses or [0], np.uint64)) for table, addresses in tables.items()]
+    pieces.append((struct[0], np.frombuffer(bytes(struct[1]), np.uint8)))
+    for key, array in pieces:
+        offset = layout.offsets[key]
+        staging[offset:offset + array.nbytes] = _bytes(array)
+    return staging
+
+
 class DeviceSaved:
     """What a forward keeps for its backward: its arena (returned to the pool when this is dropped),
     the `cx_call` over it, and the shapes of what lives there."""
@@ -202,53 +231,29 @@ class DeviceExecutor:
         hoisted_shapes = [(internal, width) for width in self.spec["hoisted_widths"]]
         for name, shape in zip(abi["hoisted"], hoisted_shapes):
             shapes[f"hoisted/{name}"] = shape
-        table_names = {
-            "params": None, "packed": None,
+        arena_tables = {  # the pointer tables that list arrays of this arena
             "inputs": [f"input/{name}" for name in abi["inputs"]],
             "states": [f"state/{name}" for name in abi["states"]],
             "hoisted": [f"hoisted/{name}" for name in abi["hoisted"]],
             "outputs": [f"output/{name}" for name in abi["outputs"]],
         }
-
-        layout = Layout()
-        for key, array in uploads.items():
-            layout.place(key, array.nbytes)
-        for table, keys in table_names.items():
-            count = len(self._param_addresses if table == "params" else self._packed_addresses
-                        if table == "packed" else keys)
-            layout.place(f"table/{table}", 8 * max(count, 1))
-        layout.place("call", ctypes.sizeof(CxCall))  # the struct itself goes up with the rest
-        uploaded = layout.size
-        for key, shape in shapes.items():  # states, then outputs, then hoisted rows: results are one span
-            layout.place(key, 4 * int(np.prod(shape)))
+        counts = {"params": len(self._param_addresses), "packed": len(self._packed_addresses)}
+        counts |= {table: len(keys) for table, keys in arena_tables.items()}
+        # states, then outputs, then hoisted rows: the results are one span
+        layout, uploaded = _layout(uploads, counts, ("call", ctypes.sizeof(CxCall)), shapes)
 
         size, base = self.pool.take(layout.size)
         try:
-            staging = np.zeros(uploaded, np.uint8)
-            for key, array in uploads.items():
-                offset = layout.offsets[key]
-                staging[offset:offset + array.nbytes] = _bytes(array)
-            for table, keys in table_names.items():
-                if table == "params":
-                    addresses = self._param_addresses
-                elif table == "packed":
-                    addresses = self._packed_addresses
-                else:
-                    addresses = [base + layout.offsets[key] for key in keys]
-                offset = layout.offsets[f"table/{table}"]
-                pointers = np.array(addresses or [0], np.uint64)
-                staging[offset:offset + pointers.nbytes] = _bytes(pointers)
-
             def at(key: str) -> int:
                 return base + layout.offsets[key]
 
+            addresses = {"params": self._param_addresses, "packed": self._packed_addresses}
+            addresses |= {table: [at(key) for key in keys] for table, keys in arena_tables.items()}
             call = CxCall(num_nodes=n, num_levels=lin.num_levels, max_children=lin.max_children,
                           num_roots=len(lin.roots),
                           **{field: at(field) for field in uploads if "/" not in field},
-                          **{table: at(f"table/{table}") for table in table_names})
-            offset = layout.offsets["call"]
-            staging[offset:offset + ctypes.sizeof(call)] = np.frombuffer(bytes(call), np.uint8)
-            self.memory.upload(base, staging)
+                          **{table: at(f"table/{table}") for table in counts})
+            self.memory.upload(base, _staging(layout, uploaded, uploads, addresses, ("call", call)))
             self.memory.zero(base + uploaded, layout.size - uploaded)
             if n and (status := self.lib.cx_forward(ctypes.byref(call), at("call"),
                                                      lin.level_ptr.ctypes.data)) != 0:
@@ -332,35 +337,21 @@ class DeviceExecutor:
             "deferred": [f"deferred/{index}" for index in range(len(self.spec.get("deferred", [])))],
         }
 
-        layout = Layout()
-        for key, array in uploads.items():
-            layout.place(key, array.nbytes)
-        for table, keys in tables.items():
-            layout.place(f"table/{table}", 8 * max(len(keys), 1))
-        layout.place("grad", ctypes.sizeof(CxGrad))
-        uploaded = layout.size
-        for key, shape in zeroed.items():  # d_params, then d_inputs: the results are one span
-            layout.place(key, 4 * int(np.prod(shape)))
+        # d_params, then d_inputs: the results are one span
+        layout, uploaded = _layout(uploads, {table: len(keys) for table, keys in tables.items()},
+                                   ("grad", ctypes.sizeof(CxGrad)), zeroed)
 
         size, base = self.pool.take(layout.size)
         try:
-            staging = np.zeros(uploaded, np.uint8)
-            for key, array in uploads.items():
-                offset = layout.offsets[key]
-                staging[offset:offset + array.nbytes] = _bytes(array)
-            for table, keys in tables.items():
-                pointers = np.array([0 if key is None else base + layout.offsets[key] for key in keys] or [0],
-                                    np.uint64)
-                offset = layout.offsets[f"table/{table}"]
-                staging[offset:offset + pointers.nbytes] = _bytes(pointers)
+            addresses = {table: [0 if key is None else base + layout.offsets[key] for key in keys]
+                         for table, keys in tables.items()}
             grad = CxGrad(*(base + layout.offsets[f"table/{table}"] for table in tables))
-            offset = layout.offsets["grad"]
-            staging[offset:offset + ctypes.sizeof(grad)] = np.frombuffer(bytes(grad), np.uint8)
-            self.memory.upload(base, staging)
+            self.memory.upload(base, _staging(layout, uploaded, uploads, addresses, ("grad", grad)))
             self.memory.zero(base + uploaded, layout.size - uploaded)
             mask = sum(1 << index for index, name in enumerate(abi["outputs"]) if name in upstream)
             if n and (status := self.lib.cx_backward(ctypes.byref(saved.call), saved.device_call,
-                                                      base + offset, lin.level_ptr.ctypes.data, mask)) != 0:
+                                                      base + layout.offsets["grad"], lin.level_ptr.ctypes.data,
+                                                      mask)) != 0:
                 raise CortexcError(f"the CUDA backward failed with cudaError {status}")
             arrays = self._download(layout, base, {key: shape for key, shape in zeroed.items()
                                                    if key.startswith(("d_param/", "d_input/"))})
