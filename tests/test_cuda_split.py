@@ -259,3 +259,25 @@ def test_the_plan_falls_back_when_shared_memory_is_short(rng, tmp_path, monkeypa
     assert relative_error(got["h"], expected["h"]) < 1e-5
     grid, units, _ = _last_plan(emulated)
     assert grid > 0 and units == 0
+
+
+@pytest.mark.parametrize("blocks", [None, "3"])
+@pytest.mark.parametrize("name", ["binary_treelstm", "treelstm", "lstm", "dagrnn", "mvrnn", "quarter"])
+def test_per_level_mode_splits_small_levels_too(split_packages, name, blocks, rng, monkeypatch):
+    """Without a cooperative launch (CORTEXC_CUDA_MODE=levels) a level with fewer tiles than SMs is one
+    grid of column-owning blocks (weights from global memory), larger ones one grid of row tiles."""
+    monkeypatch.setenv("CORTEXC_CUDA_MODE", "levels")
+    if blocks is None:
+        monkeypatch.delenv("CORTEXC_CUDA_BLOCKS", raising=False)
+    else:
+        monkeypatch.setenv("CORTEXC_CUDA_BLOCKS", blocks)
+    emulated, reference = twin_models(split_packages[name], "cuda-emu", 5, rng)
+    forest = small_forest(reference.cell, rng, 10, 24, chains=(9, 3, 1))
+    inputs = random_inputs(reference.cell, forest, rng)
+    got, expected = emulated(forest, **inputs), reference(forest, **inputs)
+    for key, value in expected.items():
+        assert relative_error(got[key], value) < 1e-5, key
+    grid, units, _ = _last_plan(emulated)
+    period = schedule(reference.cell).kernel("node").split.period
+    assert grid == 0 and units == -(-period // min(int(blocks or 4), period))
+    assert emulated._executor_for_device().lib.cx_last_launch_count() >= forest.num_levels
