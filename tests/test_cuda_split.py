@@ -165,26 +165,32 @@ def split_packages(tmp_path_factory):
 SETTINGS = [(None, None), ("1", None), ("3", "global"), ("2", None)]
 
 
-@pytest.mark.parametrize("blocks, weights", SETTINGS)
-@pytest.mark.parametrize("name", ["binary_treelstm", "treelstm", "lstm", "dagrnn", "treernn", "mvrnn",
-                                  "quarter", "gated_max"])
-def test_split_mode_matches_the_interpreter(split_packages, name, blocks, weights, rng, monkeypatch):
-    monkeypatch.setenv("CORTEXC_CUDA_MODE", "split")
-    for variable, value in (("CORTEXC_CUDA_BLOCKS", blocks), ("CORTEXC_CUDA_WEIGHTS", weights)):
+def _emulate_against_the_interpreter(module, rng, monkeypatch, **environment: str | None):
+    """Set (or, for None, unset) the environment, run the emulated forward of a random forest against the
+    interpreter; the emulated model, the forest and the node kernel's period."""
+    for variable, value in environment.items():
         if value is None:
             monkeypatch.delenv(variable, raising=False)
         else:
             monkeypatch.setenv(variable, value)
-    module = split_packages[name]
     emulated, reference = twin_models(module, "cuda-emu", 3, rng)
     forest = small_forest(reference.cell, rng, 10, 24, chains=(9, 3, 1))
     inputs = random_inputs(reference.cell, forest, rng)
     got, expected = emulated(forest, **inputs), reference(forest, **inputs)
     for key, value in expected.items():
         assert relative_error(got[key], value) < 1e-5, key
-
-    grid, units, slice_bytes = _last_plan(emulated)
     period = schedule(reference.cell).kernel("node").split.period
+    return emulated, forest, period
+
+
+@pytest.mark.parametrize("blocks, weights", SETTINGS)
+@pytest.mark.parametrize("name", ["binary_treelstm", "treelstm", "lstm", "dagrnn", "treernn", "mvrnn",
+                                  "quarter", "gated_max"])
+def test_split_mode_matches_the_interpreter(split_packages, name, blocks, weights, rng, monkeypatch):
+    emulated, _, period = _emulate_against_the_interpreter(
+        split_packages[name], rng, monkeypatch, CORTEXC_CUDA_MODE="split", CORTEXC_CUDA_BLOCKS=blocks,
+        CORTEXC_CUDA_WEIGHTS=weights)
+    grid, units, slice_bytes = _last_plan(emulated)
     owners = min(int(blocks or 4), period)
     assert units == -(-period // owners)
     assert grid >= -(-period // units)
@@ -266,18 +272,8 @@ def test_the_plan_falls_back_when_shared_memory_is_short(rng, tmp_path, monkeypa
 def test_per_level_mode_splits_small_levels_too(split_packages, name, blocks, rng, monkeypatch):
     """Without a cooperative launch (CORTEXC_CUDA_MODE=levels) a level with fewer tiles than SMs is one
     grid of column-owning blocks (weights from global memory), larger ones one grid of row tiles."""
-    monkeypatch.setenv("CORTEXC_CUDA_MODE", "levels")
-    if blocks is None:
-        monkeypatch.delenv("CORTEXC_CUDA_BLOCKS", raising=False)
-    else:
-        monkeypatch.setenv("CORTEXC_CUDA_BLOCKS", blocks)
-    emulated, reference = twin_models(split_packages[name], "cuda-emu", 5, rng)
-    forest = small_forest(reference.cell, rng, 10, 24, chains=(9, 3, 1))
-    inputs = random_inputs(reference.cell, forest, rng)
-    got, expected = emulated(forest, **inputs), reference(forest, **inputs)
-    for key, value in expected.items():
-        assert relative_error(got[key], value) < 1e-5, key
+    emulated, forest, period = _emulate_against_the_interpreter(
+        split_packages[name], rng, monkeypatch, CORTEXC_CUDA_MODE="levels", CORTEXC_CUDA_BLOCKS=blocks)
     grid, units, _ = _last_plan(emulated)
-    period = schedule(reference.cell).kernel("node").split.period
     assert grid == 0 and units == -(-period // min(int(blocks or 4), period))
     assert emulated._executor_for_device().lib.cx_last_launch_count() >= forest.num_levels
