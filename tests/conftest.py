@@ -63,6 +63,15 @@ def twin_models(module, device: str, seed: int, rng: np.random.Generator, jitter
     return model, reference
 
 
+def compare_backward(model, reference, out, expected, rng: np.random.Generator, rtol: float = 1e-5) -> None:
+    """Random upstream gradients of every result; the two backwards must agree within `rtol`."""
+    upstream = {key: rng.standard_normal(value.shape).astype(np.float32) for key, value in expected.items()}
+    grads, expected_grads = model.backward(out, upstream), reference.backward(expected, upstream)
+    assert set(grads) == set(expected_grads)
+    for key, value in expected_grads.items():
+        assert relative_error(grads[key], value) < rtol, f"d{key}"
+
+
 @pytest.fixture
 def rng(request) -> np.random.Generator:
     """A fresh seed per test (printed on failure via the test id's hash), reproducible by CORTEXC_SEED."""

@@ -14,7 +14,7 @@ import pytest
 
 import cortexc
 from cortexc import Forest
-from tests.conftest import EXAMPLES, random_inputs, relative_error, small_forest, twin_models
+from tests.conftest import EXAMPLES, compare_backward, random_inputs, relative_error, small_forest, twin_models
 
 DIMS = {"X": 9, "H": 7, "V": 20, "C": 3}
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.cell"))
@@ -51,10 +51,7 @@ def test_emulated_cuda_matches_the_interpreter(packages, name, mode, rng, monkey
         assert launches >= forest.num_levels
     for key, expected in out_r.items():
         assert relative_error(out_e[key], expected) < 1e-5, key
-    upstream = {key: rng.standard_normal(value.shape).astype(np.float32) for key, value in out_r.items()}
-    grads_e, grads_r = emulated.backward(out_e, upstream), reference.backward(out_r, upstream)
-    for key, expected in grads_r.items():
-        assert relative_error(grads_e[key], expected) < 1e-5, f"d{key}"
+    compare_backward(emulated, reference, out_e, out_r, rng)
 
 
 def test_cuda_device_without_pycuda_is_a_clear_error(packages):
@@ -114,17 +111,13 @@ def test_emulated_cuda_at_sizes_that_span_several_gemm_chunks(name, dims, rng, t
     """K > 32 (several shared-memory chunks) and M > 128 (several column passes of the block)."""
     monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path / "cache"))
     module = cortexc.load(EXAMPLES / f"{name}.cell", out_dir=tmp_path, **dims)
-    cls = getattr(module, module.__all__[0])
-    emulated, reference = cls(device="cuda-emu", seed=5), cls(device="interp", seed=5)
+    emulated, reference = twin_models(module, "cuda-emu", 5, rng, jitter=0.0)
     forest = small_forest(reference.cell, rng, 12, 20)
     inputs = random_inputs(reference.cell, forest, rng)
     out_e, out_r = emulated(forest, grad=True, **inputs), reference(forest, grad=True, **inputs)
     for key, expected in out_r.items():
         assert relative_error(out_e[key], expected) < 1e-5, key
-    upstream = {key: rng.standard_normal(value.shape).astype(np.float32) for key, value in out_r.items()}
-    grads_e, grads_r = emulated.backward(out_e, upstream), reference.backward(out_r, upstream)
-    for key, expected in grads_r.items():
-        assert relative_error(grads_e[key], expected) < 1e-5, f"d{key}"
+    compare_backward(emulated, reference, out_e, out_r, rng)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda-emu", "interp"])

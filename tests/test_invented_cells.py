@@ -17,7 +17,7 @@ import pytest
 
 import cortexc
 from cortexc import Forest
-from tests.conftest import random_inputs, relative_error
+from tests.conftest import compare_backward, random_inputs, relative_error
 from tests.test_autodiff import INVENTED as GRADIENT_CELLS
 from tests.test_autodiff import invented_forest
 from tests.test_compiled import STRESS, stress_forest
@@ -63,11 +63,7 @@ def test_invented_cell_forward_and_backward_match_the_interpreter(packages, stem
         for key, expected in out_r.items():
             assert np.all(np.isfinite(out_c[key])), key
             assert relative_error(out_c[key], expected) < FORWARD_RTOL, f"{name}.{key}"
-        upstream = {key: rng.standard_normal(value.shape).astype(np.float32) for key, value in out_r.items()}
-        grads_c, grads_r = compiled.backward(out_c, upstream), reference.backward(out_r, upstream)
-        assert set(grads_c) == set(grads_r)
-        for key, expected in grads_r.items():
-            assert relative_error(grads_c[key], expected) < BACKWARD_RTOL, f"{name}: d{key}"
+        compare_backward(compiled, reference, out_c, out_r, rng, BACKWARD_RTOL)
 
 
 def _nvcc(path: Path) -> subprocess.CompletedProcess:

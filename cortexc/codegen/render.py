@@ -103,14 +103,15 @@ def render(program: Program, target: Target, source_file: str) -> str:
     ]
     node, leaf = program.kernel("node"), program.kernel("leaf")
     split = node.split if target.column_split else None
-    split_weights: list[dict[str, int]] = []
+    packed_index = {w.name: i for i, w in enumerate(program.packed)}
+    split_weights: dict[int, dict[str, int]] = {}  # by packed weight: each is loaded once
     for kernel in (leaf, node):
         if split is None or kernel.split is None:
             continue
         for step in kernel.steps:
-            index = [w.name for w in program.packed].index(step.packed) if isinstance(step, Gemm) else -1
-            if index >= 0 and all(w["index"] != index for w in split_weights):
-                split_weights.append({"index": index, "periods": step.m // split.period, "k": step.k})
+            if isinstance(step, Gemm):
+                index = packed_index[step.packed]
+                split_weights[index] = {"index": index, "periods": step.m // split.period, "k": step.k}
     template = environment().get_template("kernels.j2")
     return template.render(
         target=target,
@@ -130,9 +131,10 @@ def render(program: Program, target: Target, source_file: str) -> str:
         deferred=[{**term, "param_index": [p.name for p in cell.params].index(term["param"])} for term in deferred],
         split_period=split.period if split is not None else 0,
         leaf_split=split is not None and leaf.split is not None,
-        split_weights=split_weights,
-        split_floats_per_unit=sum(w["periods"] * w["k"] for w in split_weights),
-        split_stage_floats=-(-target.tile_rows * (max((w["k"] for w in split_weights), default=0) + 1) // 4) * 4,
+        split_weights=list(split_weights.values()),
+        split_floats_per_unit=sum(w["periods"] * w["k"] for w in split_weights.values()),
+        split_stage_floats=-(-target.tile_rows * (max((w["k"] for w in split_weights.values()), default=0) + 1)
+                             // 4) * 4,
     )
 
 
