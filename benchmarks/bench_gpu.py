@@ -106,8 +106,9 @@ def make_setup(args: argparse.Namespace) -> Setup:
     params = init_params(cell, seed=0)
     if len(vocab) > params["E"].shape[0]:
         raise SystemExit(f"the vocabulary ({len(vocab)} words) is larger than the cell's V")
-    batches = {spec: batch_groups(lines, len(lines) if spec == "all" else int(spec), args.max_trees)
-               for spec in args.batches}
+    batches = {
+        spec: batch_groups(lines, len(lines) if spec == "all" else int(spec), args.max_trees) for spec in args.batches
+    }
     return Setup(cell=cell, params=params, lines=lines, vocab=vocab, batches=batches)
 
 
@@ -186,8 +187,11 @@ def torch_peers(params: Mapping[str, np.ndarray], device: str):
             with torch.no_grad():
                 for root in roots:
                     forward(root)
-                return {"h": torch.stack(h_out).cpu().numpy(), "c": torch.stack(c_out).cpu().numpy(),
-                        "logits": torch.stack(logits_out).cpu().numpy()}
+                return {
+                    "h": torch.stack(h_out).cpu().numpy(),
+                    "c": torch.stack(c_out).cpu().numpy(),
+                    "logits": torch.stack(logits_out).cpu().numpy(),
+                }
 
     @dataclass(frozen=True)
     class HostPlan:
@@ -209,8 +213,9 @@ def torch_peers(params: Mapping[str, np.ndarray], device: str):
             plan = super().prepare(forest, word)
             parts = (plan.leaf_words, plan.node_rows, *plan.child_rows)
             indices = torch.cat(parts)
-            return HostPlan(plan, indices.pin_memory() if dev.type == "cuda" else indices,
-                            tuple(int(p.numel()) for p in parts))
+            return HostPlan(
+                plan, indices.pin_memory() if dev.type == "cuda" else indices, tuple(int(p.numel()) for p in parts)
+            )
 
         def run(self, host: HostPlan) -> dict[str, np.ndarray]:
             plan = host.plan
@@ -279,8 +284,10 @@ def run_worker(args: argparse.Namespace, which: str) -> dict[str, Any]:
             model = module.BinaryTreeLSTM(device="cuda" if args.device == "cuda" else "cpu", seed=0)
             model.load_params(setup.params)
         except Exception as err:  # no PyCUDA, no GPU, a build error: reported in the table, the peers still run
-            return {"compiled": {"status": f"n/a ({type(err).__name__}: {str(err).splitlines()[0][:200]})"},
-                    "_meta": meta}
+            return {
+                "compiled": {"status": f"n/a ({type(err).__name__}: {str(err).splitlines()[0][:200]})"},
+                "_meta": meta,
+            }
 
         def prepare(forest: Forest, ids: np.ndarray) -> tuple[Forest, np.ndarray]:
             return forest, ids
@@ -300,8 +307,12 @@ def run_worker(args: argparse.Namespace, which: str) -> dict[str, Any]:
         except Exception as err:
             results[name] = {"status": f"n/a (first call: {type(err).__name__}: {str(err).splitlines()[0][:200]})"}
             continue
-        entry: dict[str, Any] = {"status": "ok", "check": check, "first_call_s": time.perf_counter() - started,
-                                 "batches": {}}
+        entry: dict[str, Any] = {
+            "status": "ok",
+            "check": check,
+            "first_call_s": time.perf_counter() - started,
+            "batches": {},
+        }
         for spec, groups in setup.batches.items():
             chosen = capped(groups, cap) if cap is not None else groups
             work = []
@@ -313,8 +324,7 @@ def run_worker(args: argparse.Namespace, which: str) -> dict[str, Any]:
             seconds = sum(median_time(lambda w=w, run=run: run(w), args.repeats, sync) for w, _ in work)
             trees = sum(count for _, count in work)
             entry["batches"][spec] = {"trees": trees, "seconds": seconds, "trees_per_s": trees / seconds}
-            print(f"  [{name} batch={spec}] {trees} trees, {trees / seconds:.1f} trees/s", file=sys.stderr,
-                  flush=True)
+            print(f"  [{name} batch={spec}] {trees} trees, {trees / seconds:.1f} trees/s", file=sys.stderr, flush=True)
         results[name] = entry
     if which == "compiled" and args.device == "cuda":
         try:
@@ -350,10 +360,28 @@ def spawn_worker(args: argparse.Namespace, which: str) -> dict[str, Any]:
     """Run one worker in a child process; its results, or every one of its implementations n/a and why."""
     with tempfile.TemporaryDirectory() as scratch:
         result_path = Path(scratch) / "result.json"
-        command = [sys.executable, str(Path(__file__).resolve()), "--worker", which, "--result", str(result_path),
-                   "--device", args.device, "--hidden", str(args.hidden), "--batches", *args.batches,
-                   "--max-trees", str(args.max_trees), "--per-node-trees", str(args.per_node_trees),
-                   "--repeats", str(args.repeats), "--sst-dir", str(args.sst_dir)]
+        command = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker",
+            which,
+            "--result",
+            str(result_path),
+            "--device",
+            args.device,
+            "--hidden",
+            str(args.hidden),
+            "--batches",
+            *args.batches,
+            "--max-trees",
+            str(args.max_trees),
+            "--per-node-trees",
+            str(args.per_node_trees),
+            "--repeats",
+            str(args.repeats),
+            "--sst-dir",
+            str(args.sst_dir),
+        ]
         started = time.perf_counter()
         try:
             process = subprocess.run(command, timeout=args.worker_timeout)
@@ -384,16 +412,22 @@ def render_table(args: argparse.Namespace, setup: Setup, results: Mapping[str, A
     (V, X), (C, H) = setup.params["E"].shape, setup.params["W_s"].shape
     full = Forest.from_ptb(setup.lines)
     out = []
-    out.append(f"Binary Tree-LSTM H={H} X={X} C={C} V={V} (vocabulary {len(setup.vocab)} words), "
-               f"SST dev: {len(setup.lines)} trees, {full.num_nodes} nodes, {full.num_levels} levels")
-    out.append(f"device {args.device}: {meta.get('gpu', meta.get('gpu_pycuda', '?'))}; torch {meta.get('torch', '?')}; "
-               f"median of {args.repeats} timed calls per batch; per-node peer on <= {args.per_node_trees} trees "
-               f"per batch size; batches of one size cover max(size, {args.max_trees}) trees")
+    out.append(
+        f"Binary Tree-LSTM H={H} X={X} C={C} V={V} (vocabulary {len(setup.vocab)} words), "
+        f"SST dev: {len(setup.lines)} trees, {full.num_nodes} nodes, {full.num_levels} levels"
+    )
+    out.append(
+        f"device {args.device}: {meta.get('gpu', meta.get('gpu_pycuda', '?'))}; torch {meta.get('torch', '?')}; "
+        f"median of {args.repeats} timed calls per batch; per-node peer on <= {args.per_node_trees} trees "
+        f"per batch size; batches of one size cover max(size, {args.max_trees}) trees"
+    )
     if "plan" in meta:
         plan = meta["plan"]
-        out.append(f"compiled launch plan (first 20 trees): persistent grid {plan['grid']} blocks, "
-                   f"{plan['units']} hidden unit(s) per block in split levels (0: rows only), "
-                   f"{plan['slice_bytes']} bytes of weights per block in shared memory")
+        out.append(
+            f"compiled launch plan (first 20 trees): persistent grid {plan['grid']} blocks, "
+            f"{plan['units']} hidden unit(s) per block in split levels (0: rows only), "
+            f"{plan['slice_bytes']} bytes of weights per block in shared memory"
+        )
     for name in IMPLS + (("compiled_rows",) if "compiled_rows" in results else ()):
         entry = results.get(name, {"status": "n/a (not run)"})
         if entry["status"] != "ok":
@@ -401,10 +435,14 @@ def render_table(args: argparse.Namespace, setup: Setup, results: Mapping[str, A
             continue
         worst = max(entry["check"].values())
         flag = "  MISMATCH" if not worst < CHECK_RTOL else ""
-        out.append(f"{name:20s} max rel err vs interp on {CHECK_TREES} trees {worst:.1e} (h, c, logits){flag}; "
-                   f"first call {entry['first_call_s']:.1f} s")
-    header = (f"{'batch':>5} {'trees':>5} | {'compiled tr/s':>13} {'per-node tr/s':>13} {'level tr/s':>12} | "
-              f"{'compiled GF/s':>13} | {'comp/per-node':>13} {'comp/level':>10} | targets at batch {TARGET_BATCH}")
+        out.append(
+            f"{name:20s} max rel err vs interp on {CHECK_TREES} trees {worst:.1e} (h, c, logits){flag}; "
+            f"first call {entry['first_call_s']:.1f} s"
+        )
+    header = (
+        f"{'batch':>5} {'trees':>5} | {'compiled tr/s':>13} {'per-node tr/s':>13} {'level tr/s':>12} | "
+        f"{'compiled GF/s':>13} | {'comp/per-node':>13} {'comp/level':>10} | targets at batch {TARGET_BATCH}"
+    )
     out.append(header)
     out.append("-" * len(header))
     met = []
@@ -434,11 +472,13 @@ def render_table(args: argparse.Namespace, setup: Setup, results: Mapping[str, A
                 parts.append(f"{'per-node' if name == 'torch_per_node' else 'level'} >= {goal:g}x: {verdict}")
                 met.append(verdict)
             target = "; ".join(parts)
-        out.append(f"{spec:>5} {trees:>5} | {cell(compiled, 13)} {cell(rates['torch_per_node'], 13)} "
-                   f"{cell(rates['torch_level_batched'], 12)} | {cell(gflops, 13, '.2f')} | "
-                   f"{cell(ratios['torch_per_node'], 13, '.2f', 'x')} "
-                   f"{cell(ratios['torch_level_batched'], 10, '.2f', 'x')} | "
-                   f"{target}")
+        out.append(
+            f"{spec:>5} {trees:>5} | {cell(compiled, 13)} {cell(rates['torch_per_node'], 13)} "
+            f"{cell(rates['torch_level_batched'], 12)} | {cell(gflops, 13, '.2f')} | "
+            f"{cell(ratios['torch_per_node'], 13, '.2f', 'x')} "
+            f"{cell(ratios['torch_level_batched'], 10, '.2f', 'x')} | "
+            f"{target}"
+        )
     rows_entry = results.get("compiled_rows", {})
     if rows_entry.get("status") == "ok" and results.get("compiled", {}).get("status") == "ok":
         speedups = []
@@ -446,30 +486,55 @@ def render_table(args: argparse.Namespace, setup: Setup, results: Mapping[str, A
             split_rate = results["compiled"]["batches"][spec]["trees_per_s"]
             rows_rate = rows_entry["batches"][spec]["trees_per_s"]
             speedups.append(f"batch {spec}: {split_rate / rows_rate:.2f}x")
-        out.append("split mode (model persistence) over row tiles only (CORTEXC_CUDA_MODE=persistent): "
-                   + ", ".join(speedups))
+        out.append(
+            "split mode (model persistence) over row tiles only (CORTEXC_CUDA_MODE=persistent): " + ", ".join(speedups)
+        )
     if met:
-        out.append(f"targets at batch {TARGET_BATCH}: compiled >= {TARGETS['torch_per_node']:g}x per-node and >= "
-                   f"{TARGETS['torch_level_batched']:g}x level-batched trees/s: {', '.join(met)}")
+        out.append(
+            f"targets at batch {TARGET_BATCH}: compiled >= {TARGETS['torch_per_node']:g}x per-node and >= "
+            f"{TARGETS['torch_level_batched']:g}x level-batched trees/s: {', '.join(met)}"
+        )
     return "\n".join(out)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split("\n\n", 1)[1])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     parser.add_argument("--hidden", type=int, default=256, help="H (default 256)")
-    parser.add_argument("--batches", nargs="+", default=["1", "10", "100", "all"],
-                        help="batch sizes in trees, or 'all' (default 1 10 100 all)")
-    parser.add_argument("--max-trees", type=int, default=100,
-                        help="trees timed per batch size, whole batches (default 100; 'all' is all of dev)")
-    parser.add_argument("--per-node-trees", type=int, default=50,
-                        help="at most this many trees per batch size for torch_per_node (default 50)")
+    parser.add_argument(
+        "--batches",
+        nargs="+",
+        default=["1", "10", "100", "all"],
+        help="batch sizes in trees, or 'all' (default 1 10 100 all)",
+    )
+    parser.add_argument(
+        "--max-trees",
+        type=int,
+        default=100,
+        help="trees timed per batch size, whole batches (default 100; 'all' is all of dev)",
+    )
+    parser.add_argument(
+        "--per-node-trees",
+        type=int,
+        default=50,
+        help="at most this many trees per batch size for torch_per_node (default 50)",
+    )
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per batch, median kept (default 5)")
-    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
-                        help="cuda (default), or cpu: the compiled C and CPU torch, a smoke test of this script")
-    parser.add_argument("--sst-dir", type=Path, default=default_sst_dir(),
-                        help="folder with dev.txt (default $CORTEXC_SST_DIR, .gpu/sst, ../shared/data/sst)")
+    parser.add_argument(
+        "--device",
+        choices=["cuda", "cpu"],
+        default="cuda",
+        help="cuda (default), or cpu: the compiled C and CPU torch, a smoke test of this script",
+    )
+    parser.add_argument(
+        "--sst-dir",
+        type=Path,
+        default=default_sst_dir(),
+        help="folder with dev.txt (default $CORTEXC_SST_DIR, .gpu/sst, ../shared/data/sst)",
+    )
     parser.add_argument("--worker-timeout", type=float, default=180, help="seconds per child process")
     parser.add_argument("--json", type=Path, help="write every number here")
     parser.add_argument("--table", type=Path, help="write the table here too")
@@ -497,8 +562,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         results.update(part)
     table = render_table(args, setup, results, meta)
     if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "meta": meta,
-                                         "results": results, "elapsed_s": time.perf_counter() - started}, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "meta": meta,
+                    "results": results,
+                    "elapsed_s": time.perf_counter() - started,
+                },
+                indent=1,
+            )
+        )
     if args.table:
         args.table.write_text(table + "\n")
     print(f"\n(total {time.perf_counter() - started:.1f} s)\n")

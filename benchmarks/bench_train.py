@@ -117,8 +117,9 @@ def make_batch(trees: Sequence[Forest], vocab: Vocab) -> Batch:
     return Batch(forest, vocab.encode(forest), np.asarray(forest.labels), len(trees))
 
 
-def epoch_batches(trees: Sequence[Forest], vocab: Vocab, batch_size: int, order: np.ndarray,
-                  max_batches: int | None = None) -> list[Batch]:
+def epoch_batches(
+    trees: Sequence[Forest], vocab: Vocab, batch_size: int, order: np.ndarray, max_batches: int | None = None
+) -> list[Batch]:
     """The batches of one epoch in the order ``order`` (the first ``max_batches``)."""
     starts = range(0, len(order), batch_size)
     if max_batches is not None:
@@ -191,8 +192,7 @@ class CortexcTrainer:
         t3 = time.perf_counter()
         self.model.load_params(self._update(grads))
         t4 = time.perf_counter()
-        for key, seconds in (("forward", t2 - t0), ("backward", t3 - t2), ("optimizer", t4 - t3),
-                             ("loss", t2 - t1)):
+        for key, seconds in (("forward", t2 - t0), ("backward", t3 - t2), ("optimizer", t4 - t3), ("loss", t2 - t1)):
             timings[key] = timings.get(key, 0.0) + seconds
         return loss
 
@@ -291,8 +291,13 @@ def summarize_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
     rates = [run["trees_per_s"] for run in runs]
     median = sorted(runs, key=lambda run: run["trees_per_s"])[(len(runs) - 1) // 2]
     best_s = float(np.sum(np.min([run["step_s"] for run in runs], axis=0)))
-    return {**median, "rounds_trees_per_s": rates, "min_trees_per_s": min(rates), "max_trees_per_s": max(rates),
-            "best_trees_per_s": median["trees"] / best_s}
+    return {
+        **median,
+        "rounds_trees_per_s": rates,
+        "min_trees_per_s": min(rates),
+        "max_trees_per_s": max(rates),
+        "best_trees_per_s": median["trees"] / best_s,
+    }
 
 
 def evaluate(trainer, dev: list[Batch]) -> float:
@@ -305,8 +310,9 @@ def evaluate(trainer, dev: list[Batch]) -> float:
     return hits / max(total, 1)
 
 
-def train_epoch(trainer, k: int, batches: list[Batch], dev: list[Batch],
-                progress: Callable[[str], None]) -> dict[str, float]:
+def train_epoch(
+    trainer, k: int, batches: list[Batch], dev: list[Batch], progress: Callable[[str], None]
+) -> dict[str, float]:
     """Train one epoch over ``batches``, then evaluate on dev."""
     timings: dict[str, float] = {}
     loss_sum = nodes = 0.0
@@ -320,11 +326,20 @@ def train_epoch(trainer, k: int, batches: list[Batch], dev: list[Batch],
     acc = evaluate(trainer, dev)
     eval_s = time.perf_counter() - start
     trees = sum(b.trees for b in batches)
-    entry = {"epoch": k, "train_loss": loss_sum / max(nodes, 1), "dev_root_acc": acc, "train_s": train_s,
-             "eval_s": eval_s, "trees_per_s": trees / train_s, "loadavg_1min": os.getloadavg()[0]}
-    progress(f"  [{trainer.name}] epoch {k}: loss {entry['train_loss']:.4f}, dev root acc {acc:.4f}, "
-             f"{train_s:.1f} s train ({entry['trees_per_s']:.1f} trees/s), {eval_s:.1f} s eval "
-             f"(load {entry['loadavg_1min']:.2f})")
+    entry = {
+        "epoch": k,
+        "train_loss": loss_sum / max(nodes, 1),
+        "dev_root_acc": acc,
+        "train_s": train_s,
+        "eval_s": eval_s,
+        "trees_per_s": trees / train_s,
+        "loadavg_1min": os.getloadavg()[0],
+    }
+    progress(
+        f"  [{trainer.name}] epoch {k}: loss {entry['train_loss']:.4f}, dev root acc {acc:.4f}, "
+        f"{train_s:.1f} s train ({entry['trees_per_s']:.1f} trees/s), {eval_s:.1f} s eval "
+        f"(load {entry['loadavg_1min']:.2f})"
+    )
     return entry
 
 
@@ -334,19 +349,25 @@ def train_epoch(trainer, k: int, batches: list[Batch], dev: list[Batch],
 def print_report(result: dict[str, Any]) -> None:
     setup = result["setup"]
     print()
-    print(f"SST train: {setup['train_trees']} trees used, V={setup['V']} X={setup['X']} H={setup['H']} "
-          f"C={setup['C']}, batch {setup['batch']}, Adagrad lr {setup['lr']}, {setup['threads']} thread(s)")
+    print(
+        f"SST train: {setup['train_trees']} trees used, V={setup['V']} X={setup['X']} H={setup['H']} "
+        f"C={setup['C']}, batch {setup['batch']}, Adagrad lr {setup['lr']}, {setup['threads']} thread(s)"
+    )
     print(f"gradient check on batch 1 ({setup['check_nodes']} nodes), max normwise rel err vs cortexc:")
     for name, errs in result["grad_check"].items():
         worst = max(errs, key=errs.get)
         flag = "  MISMATCH" if errs[worst] > GRAD_RTOL else ""
         print(f"  {name:<20} {errs[worst]:.1e} ({worst}){flag}")
     print()
-    print(f"training throughput (forward + loss + backward + optimizer step), trees/s: median of "
-          f"{len(result['throughput']['cortexc']['rounds_trees_per_s'])} round(s), [min, max] of rounds")
-    header = (f"{'impl':<20} {'batches':>7} {'trees':>6} {'median':>8} {'[min, max]':>12} {'w/o prep':>9} "
-              f"{'best':>8} {'cortexc/impl':>13} {'c_f32/impl':>13} | ms/batch: {'prep':>5} {'fwd':>6} {'bwd':>6} "
-              f"{'opt':>6}")
+    print(
+        f"training throughput (forward + loss + backward + optimizer step), trees/s: median of "
+        f"{len(result['throughput']['cortexc']['rounds_trees_per_s'])} round(s), [min, max] of rounds"
+    )
+    header = (
+        f"{'impl':<20} {'batches':>7} {'trees':>6} {'median':>8} {'[min, max]':>12} {'w/o prep':>9} "
+        f"{'best':>8} {'cortexc/impl':>13} {'c_f32/impl':>13} | ms/batch: {'prep':>5} {'fwd':>6} {'bwd':>6} "
+        f"{'opt':>6}"
+    )
     print(header)
     print("-" * len(header))
     tp = result["throughput"]
@@ -354,32 +375,43 @@ def print_report(result: dict[str, Any]) -> None:
         stats = tp[name]
         ms = stats["ms_per_batch"]
         spread = f"[{stats['min_trees_per_s']:.0f}, {stats['max_trees_per_s']:.0f}]"
-        ratios = [f"{tp[mine][key] / stats[key]:.2f}" for mine in CORTEXC_IMPLS for key in ("trees_per_s",
-                                                                                               "best_trees_per_s")]
-        print(f"{name:<20} {stats['batches']:>7} {stats['trees']:>6} {stats['trees_per_s']:>8.1f} {spread:>12} "
-              f"{stats['trees_per_s_compute']:>9.1f} {stats['best_trees_per_s']:>8.1f} "
-              f"{ratios[0] + ' / ' + ratios[1]:>13} {ratios[2] + ' / ' + ratios[3]:>13} | {'':9} "
-              f"{ms.get('prepare', 0.0):>5.2f} {ms['forward']:>6.1f} {ms['backward']:>6.1f} {ms['optimizer']:>6.1f}")
-    print("(median: the median round; w/o prep: that round without the torch index preparation; best: per batch the "
-          "fastest step over the rounds, a quiet-machine estimate;\n ratios: trees/s of cortexc (with "
-          "cortexc.train.Adagrad) or cortexc_f32adagrad over the row's, median / best; ms/batch of the median round; "
-          "cortexc fwd includes\n linearization and the NumPy cross-entropy "
-          f"({tp['cortexc']['ms_per_batch'].get('loss', 0.0):.2f} ms); "
-          "cortexc opt includes load_params; torch prep is the NumPy index preparation)")
+        ratios = [
+            f"{tp[mine][key] / stats[key]:.2f}" for mine in CORTEXC_IMPLS for key in ("trees_per_s", "best_trees_per_s")
+        ]
+        print(
+            f"{name:<20} {stats['batches']:>7} {stats['trees']:>6} {stats['trees_per_s']:>8.1f} {spread:>12} "
+            f"{stats['trees_per_s_compute']:>9.1f} {stats['best_trees_per_s']:>8.1f} "
+            f"{ratios[0] + ' / ' + ratios[1]:>13} {ratios[2] + ' / ' + ratios[3]:>13} | {'':9} "
+            f"{ms.get('prepare', 0.0):>5.2f} {ms['forward']:>6.1f} {ms['backward']:>6.1f} {ms['optimizer']:>6.1f}"
+        )
+    print(
+        "(median: the median round; w/o prep: that round without the torch index preparation; best: per batch the "
+        "fastest step over the rounds, a quiet-machine estimate;\n ratios: trees/s of cortexc (with "
+        "cortexc.train.Adagrad) or cortexc_f32adagrad over the row's, median / best; ms/batch of the median round; "
+        "cortexc fwd includes\n linearization and the NumPy cross-entropy "
+        f"({tp['cortexc']['ms_per_batch'].get('loss', 0.0):.2f} ms); "
+        "cortexc opt includes load_params; torch prep is the NumPy index preparation)"
+    )
     if result.get("accuracy"):
         print()
         acc = result["accuracy"]
-        print(f"accuracy: {acc['epochs']} epoch(s) over {setup['train_trees']} train trees, "
-              f"dev {acc['dev_trees']} trees, fine-grained root accuracy")
-        header = f"{'epoch':>5} {'impl':<20} {'train loss':>10} {'dev root acc':>12} {'train s':>8} {'trees/s':>8} " \
-                 f"{'eval s':>7} {'load':>5}"
+        print(
+            f"accuracy: {acc['epochs']} epoch(s) over {setup['train_trees']} train trees, "
+            f"dev {acc['dev_trees']} trees, fine-grained root accuracy"
+        )
+        header = (
+            f"{'epoch':>5} {'impl':<20} {'train loss':>10} {'dev root acc':>12} {'train s':>8} {'trees/s':>8} "
+            f"{'eval s':>7} {'load':>5}"
+        )
         print(header)
         print("-" * len(header))
         for k in range(acc["epochs"]):
             for name, history in acc["history"].items():
                 e = history[k]
-                print(f"{e['epoch']:>5} {name:<20} {e['train_loss']:>10.4f} {e['dev_root_acc']:>12.4f} "
-                      f"{e['train_s']:>8.1f} {e['trees_per_s']:>8.1f} {e['eval_s']:>7.1f} {e['loadavg_1min']:>5.2f}")
+                print(
+                    f"{e['epoch']:>5} {name:<20} {e['train_loss']:>10.4f} {e['dev_root_acc']:>12.4f} "
+                    f"{e['train_s']:>8.1f} {e['trees_per_s']:>8.1f} {e['eval_s']:>7.1f} {e['loadavg_1min']:>5.2f}"
+                )
         for name, seconds in acc["wall_s"].items():
             print(f"{name}: {seconds:.1f} s for the accuracy part (training + evaluation, batch assembly excluded)")
 
@@ -394,25 +426,38 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=25, help="trees per batch")
     parser.add_argument("--lr", type=float, default=0.05, help="Adagrad learning rate")
     parser.add_argument("--seed", type=int, default=0, help="initial weights and batch order")
-    parser.add_argument("--timed-batches", type=int, default=40,
-                        help="batches timed for cortexc and torch_level_batched")
+    parser.add_argument(
+        "--timed-batches", type=int, default=40, help="batches timed for cortexc and torch_level_batched"
+    )
     parser.add_argument("--per-node-batches", type=int, default=8, help="batches timed for torch_per_node")
-    parser.add_argument("--rounds", type=int, default=5,
-                        help="throughput rounds (the implementations take turns; the median round is kept)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="throughput rounds (the implementations take turns; the median round is kept)",
+    )
     parser.add_argument("--epochs", type=int, default=3, help="epochs of the accuracy part (0 skips it)")
-    parser.add_argument("--accuracy-impls", nargs="+", choices=["cortexc", "cortexc_f32adagrad", "torch_level_batched"],
-                        default=["cortexc", "cortexc_f32adagrad", "torch_level_batched"],
-                        help="what the accuracy part trains")
+    parser.add_argument(
+        "--accuracy-impls",
+        nargs="+",
+        choices=["cortexc", "cortexc_f32adagrad", "torch_level_batched"],
+        default=["cortexc", "cortexc_f32adagrad", "torch_level_batched"],
+        help="what the accuracy part trains",
+    )
     parser.add_argument("--limit", type=int, default=None, help="use the first N train trees")
     parser.add_argument("--dev-limit", type=int, default=None, help="evaluate on the first N dev trees")
-    parser.add_argument("--threads", type=int, default=2,
-                        help="torch.set_num_threads and OMP_NUM_THREADS (cortexc's OpenMP)")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="torch.set_num_threads and OMP_NUM_THREADS (cortexc's OpenMP)"
+    )
     parser.add_argument("--data-dir", type=Path, default=SST_DIR)
     parser.add_argument("--cell", type=Path, default=CELL)
     parser.add_argument("--json", type=Path, default=Path("bench_train.json"), help="write the results here")
-    parser.add_argument("--quick", action="store_true",
-                        help="a reduced run: 8 (per node 2) timed batches, 2 rounds, 1 epoch on 500 train trees, "
-                             "300 dev trees (other options given still apply)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a reduced run: 8 (per node 2) timed batches, 2 rounds, 1 epoch on 500 train trees, "
+        "300 dev trees (other options given still apply)",
+    )
     if parser.parse_known_args(argv)[0].quick:  # new defaults; options given explicitly still win
         parser.set_defaults(timed_batches=8, per_node_batches=2, rounds=2, epochs=1, limit=500, dev_limit=300)
     args = parser.parse_args(argv)
@@ -431,27 +476,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for split in ("train", "dev"):
         if not (args.data_dir / f"{split}.txt").exists():
-            print(f"SST split not found: {args.data_dir / split}.txt (set CORTEXC_SST_DIR or --data-dir)",
-                  file=sys.stderr)
+            print(
+                f"SST split not found: {args.data_dir / split}.txt (set CORTEXC_SST_DIR or --data-dir)", file=sys.stderr
+            )
             return 1
     load_before = os.getloadavg()
     cpus = os.cpu_count() or 1
     if load_before[0] > cpus - args.threads + 1.5:
         # On a shared 2-CPU machine every OpenMP fork-join then waits for a core: multi-threaded torch
         # steps slow down by up to 10-30x and the timings say little (see bench_treelstm.py).
-        print(f"warning: 1-min load average {load_before[0]:.2f} on {cpus} CPUs with {args.threads} thread(s): "
-              "other processes share the cores and timings will be noisy", file=sys.stderr)
+        print(
+            f"warning: 1-min load average {load_before[0]:.2f} on {cpus} CPUs with {args.threads} thread(s): "
+            "other processes share the cores and timings will be noisy",
+            file=sys.stderr,
+        )
     started = time.perf_counter()
     all_train = read_trees(args.data_dir / "train.txt")
     train = all_train[: args.limit] if args.limit else all_train
     dev_trees = read_trees(args.data_dir / "dev.txt", args.dev_limit)
     vocab = Vocab.build(all_train)  # every train word, whatever --limit: the same V (and E) always
-    progress(f"read {len(all_train)} train trees ({len(train)} used), {len(dev_trees)} dev trees, "
-             f"vocabulary {len(vocab)} in {time.perf_counter() - started:.1f} s")
+    progress(
+        f"read {len(all_train)} train trees ({len(train)} used), {len(dev_trees)} dev trees, "
+        f"vocabulary {len(vocab)} in {time.perf_counter() - started:.1f} s"
+    )
 
     module = cortexc.load(str(args.cell), V=len(vocab), X=args.embed, H=args.hidden, C=NUM_CLASSES)
-    init = {name: np.array(value) for name, value in module.BinaryTreeLSTM(device="cpu", seed=args.seed)
-            .params.items()}
+    init = {name: np.array(value) for name, value in module.BinaryTreeLSTM(device="cpu", seed=args.seed).params.items()}
     rng = np.random.default_rng(args.seed)
     orders = [rng.permutation(len(train)) for _ in range(max(args.epochs, 1))]
 
@@ -464,19 +514,39 @@ def main(argv: Sequence[str] | None = None) -> int:
             count = args.per_node_batches if name == "torch_per_node" else args.timed_batches
             trainer = make_trainer(name, module, init, args.lr)
             rounds[name].append(time_training(trainer, timed[:count]))
-            progress(f"  round {r + 1}/{args.rounds} [{name}] {rounds[name][-1]['trees_per_s']:.1f} trees/s "
-                     f"over {count} batches (load {os.getloadavg()[0]:.2f})")
+            progress(
+                f"  round {r + 1}/{args.rounds} [{name}] {rounds[name][-1]['trees_per_s']:.1f} trees/s "
+                f"over {count} batches (load {os.getloadavg()[0]:.2f})"
+            )
     throughput = {name: summarize_rounds(runs) for name, runs in rounds.items()}
     result: dict[str, Any] = {
-        "setup": {"train_trees": len(train), "dev_trees": len(dev_trees), "V": len(vocab), "X": args.embed,
-                  "H": args.hidden, "C": NUM_CLASSES, "batch": args.batch, "lr": args.lr,
-                  "threads": args.threads, "seed": args.seed, "check_nodes": timed[0].forest.num_nodes},
+        "setup": {
+            "train_trees": len(train),
+            "dev_trees": len(dev_trees),
+            "V": len(vocab),
+            "X": args.embed,
+            "H": args.hidden,
+            "C": NUM_CLASSES,
+            "batch": args.batch,
+            "lr": args.lr,
+            "threads": args.threads,
+            "seed": args.seed,
+            "check_nodes": timed[0].forest.num_nodes,
+        },
         "grad_check": grad_check,
         "throughput": throughput,
-        "ratios_median": {f"{mine}/{name}": throughput[mine]["trees_per_s"] / throughput[name]["trees_per_s"]
-                          for mine in CORTEXC_IMPLS for name in IMPLS if name != mine},
-        "ratios_best": {f"{mine}/{name}": throughput[mine]["best_trees_per_s"] / throughput[name]["best_trees_per_s"]
-                        for mine in CORTEXC_IMPLS for name in IMPLS if name != mine},
+        "ratios_median": {
+            f"{mine}/{name}": throughput[mine]["trees_per_s"] / throughput[name]["trees_per_s"]
+            for mine in CORTEXC_IMPLS
+            for name in IMPLS
+            if name != mine
+        },
+        "ratios_best": {
+            f"{mine}/{name}": throughput[mine]["best_trees_per_s"] / throughput[name]["best_trees_per_s"]
+            for mine in CORTEXC_IMPLS
+            for name in IMPLS
+            if name != mine
+        },
     }
 
     # Part 2: accuracy, cortexc and level-batched torch trained identically.
@@ -489,22 +559,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name, trainer in trainers.items():
                 history[name].append(train_epoch(trainer, k, batches, dev, progress))
         wall = {name: sum(e["train_s"] + e["eval_s"] for e in entries) for name, entries in history.items()}
-        result["accuracy"] = {"epochs": args.epochs, "dev_trees": len(dev_trees), "history": history,
-                              "wall_s": wall}
+        result["accuracy"] = {"epochs": args.epochs, "dev_trees": len(dev_trees), "history": history, "wall_s": wall}
 
     elapsed = time.perf_counter() - started
     load_after = os.getloadavg()
     print_report(result)
-    print(f"\ntotal {elapsed:.1f} s; torch {torch.__version__}, {torch.get_num_threads()} threads "
-          f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}), {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} CPUs; load average (1/5/15 min) {'/'.join(f'{x:.2f}' for x in load_before)} "
-          f"before, {'/'.join(f'{x:.2f}' for x in load_after)} after")
+    print(
+        f"\ntotal {elapsed:.1f} s; torch {torch.__version__}, {torch.get_num_threads()} threads "
+        f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}), {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs; load average (1/5/15 min) {'/'.join(f'{x:.2f}' for x in load_before)} "
+        f"before, {'/'.join(f'{x:.2f}' for x in load_after)} after"
+    )
     result["meta"] = {
-        "torch": torch.__version__, "numpy": np.__version__, "threads": torch.get_num_threads(),
-        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "cpus": os.cpu_count(),
-        "platform": platform.platform(), "timed_batches": args.timed_batches,
-        "per_node_batches": args.per_node_batches, "limit": args.limit, "dev_limit": args.dev_limit,
-        "loadavg_before": load_before, "loadavg_after": load_after, "elapsed_s": elapsed,
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "threads": torch.get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "timed_batches": args.timed_batches,
+        "per_node_batches": args.per_node_batches,
+        "limit": args.limit,
+        "dev_limit": args.dev_limit,
+        "loadavg_before": load_before,
+        "loadavg_after": load_after,
+        "elapsed_s": elapsed,
     }
     args.json.write_text(json.dumps(result, indent=1))
     return 0

@@ -215,8 +215,9 @@ def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
 # ------------------------------------------------------------- one config
 
 
-def check_against_interp(cell: Cell, params: Mapping[str, np.ndarray], runners: Mapping[str, Runner],
-                         lines: list[str], vocab: Vocab) -> tuple[dict[str, dict[str, float]], str | None]:
+def check_against_interp(
+    cell: Cell, params: Mapping[str, np.ndarray], runners: Mapping[str, Runner], lines: list[str], vocab: Vocab
+) -> tuple[dict[str, dict[str, float]], str | None]:
     """Relative error of each implementation's h, c, logits against the interpreter on a few trees.
 
     Also the first call of the compiled model: if it fails the way an
@@ -242,8 +243,9 @@ def check_against_interp(cell: Cell, params: Mapping[str, np.ndarray], runners: 
     return errors, compiled_failure
 
 
-def bench_config(args: argparse.Namespace, split: str, lines: list[str], vocab: Vocab, vocab_from: str,
-                 hidden: int) -> dict[str, Any]:
+def bench_config(
+    args: argparse.Namespace, split: str, lines: list[str], vocab: Vocab, vocab_from: str, hidden: int
+) -> dict[str, Any]:
     """Every batch size and implementation for one split and hidden size."""
     defines = {"H": hidden, "V": len(vocab)}
     cell = load_cell(args.cell, defines)
@@ -306,12 +308,16 @@ def bench_config(args: argparse.Namespace, split: str, lines: list[str], vocab: 
                 entry["impls"][name] = {"status": compiled_status}
                 continue
             if name == "interp":
-                work = [((f, ids), count, forward_flops(f, dims))
-                        for f, ids, count in capped_batches(batches, args.interp_trees, vocab)]
+                work = [
+                    ((f, ids), count, forward_flops(f, dims))
+                    for f, ids, count in capped_batches(batches, args.interp_trees, vocab)
+                ]
                 run: Runner = runners[name]
             elif name == "torch_per_node":
-                work = [((per_node.prepare(f, ids),), count, forward_flops(f, dims))
-                        for f, ids, count in capped_batches(batches, args.per_node_trees, vocab)]
+                work = [
+                    ((per_node.prepare(f, ids),), count, forward_flops(f, dims))
+                    for f, ids, count in capped_batches(batches, args.per_node_trees, vocab)
+                ]
                 run = per_node.run
             elif name == "torch_level_batched":
                 work = [((level.prepare(b.forest, b.ids),), len(b.lines), b.flops) for b in batches]
@@ -337,16 +343,20 @@ def print_table(result: dict[str, Any]) -> None:
     has_compiled = result["compiled"] == "ok"
     reference = "compiled" if has_compiled else "interp"
     print()
-    print(f"split={result['split']} H={dims['H']} X={dims['X']} C={dims['C']} V={dims['V']} "
-          f"({result['trees']} trees, {result['nodes']} nodes, {result['levels']} levels); "
-          f"peak torch GEMM {result['peak_gemm_gflops']:.1f} GFLOP/s")
+    print(
+        f"split={result['split']} H={dims['H']} X={dims['X']} C={dims['C']} V={dims['V']} "
+        f"({result['trees']} trees, {result['nodes']} nodes, {result['levels']} levels); "
+        f"peak torch GEMM {result['peak_gemm_gflops']:.1f} GFLOP/s"
+    )
     print(f"compiled: {result['compiled']}")
     for name, errs in result["check_rel_err"].items():
         worst = max(errs.values()) if errs else float("nan")
         flag = "  MISMATCH" if worst > CHECK_RTOL else ""
         print(f"check vs interp on {CHECK_TREES} trees: {name:20s} max rel err {worst:.1e}{flag}")
-    header = (f"{'batch':>6} {'impl':<20} {'trees':>6} {'trees/s':>10} {'GFLOP/s':>8} "
-              f"{'roof GF/s':>9} {'% roof':>7} {reference + '/impl':>15}")
+    header = (
+        f"{'batch':>6} {'impl':<20} {'trees':>6} {'trees/s':>10} {'GFLOP/s':>8} "
+        f"{'roof GF/s':>9} {'% roof':>7} {reference + '/impl':>15}"
+    )
     print(header)
     print("-" * len(header))
     for entry in result["batches"]:
@@ -357,13 +367,17 @@ def print_table(result: dict[str, Any]) -> None:
                 print(f"{entry['batch']:>6} {name:<20} {'n/a':>6}")
                 continue
             ratio = ref["trees_per_s"] / stats["trees_per_s"]
-            print(f"{entry['batch']:>6} {name:<20} {stats['trees']:>6} {stats['trees_per_s']:>10.1f} "
-                  f"{stats['gflops']:>8.2f} {entry['roofline_gflops']:>9.1f} "
-                  f"{100 * stats['roofline_fraction']:>6.2f}% {ratio:>15.3f}")
+            print(
+                f"{entry['batch']:>6} {name:<20} {stats['trees']:>6} {stats['trees_per_s']:>10.1f} "
+                f"{stats['gflops']:>8.2f} {entry['roofline_gflops']:>9.1f} "
+                f"{100 * stats['roofline_fraction']:>6.2f}% {ratio:>15.3f}"
+            )
         lin = entry["linearize"]
-        print(f"{entry['batch']:>6} {'linearize':<20} {entry['trees']:>6} {lin['trees_per_s']:>10.1f}   "
-              f"(per batch: from_ptb {lin['parse_ms_per_batch']:.3f} ms, "
-              f"level prepare {lin['prepare_ms_per_batch']:.3f} ms, vocab encode {lin['encode_ms_per_batch']:.3f} ms)")
+        print(
+            f"{entry['batch']:>6} {'linearize':<20} {entry['trees']:>6} {lin['trees_per_s']:>10.1f}   "
+            f"(per batch: from_ptb {lin['parse_ms_per_batch']:.3f} ms, "
+            f"level prepare {lin['prepare_ms_per_batch']:.3f} ms, vocab encode {lin['encode_ms_per_batch']:.3f} ms)"
+        )
 
 
 def save_plot(results: list[dict[str, Any]], path: Path) -> None:
@@ -377,8 +391,11 @@ def save_plot(results: list[dict[str, Any]], path: Path) -> None:
     for ax, result in zip(axes[0], results):
         sizes = [entry["batch_size"] for entry in result["batches"]]
         for name in IMPLS:
-            points = [(s, e["impls"][name]["trees_per_s"]) for s, e in zip(sizes, result["batches"])
-                      if e["impls"][name]["status"] == "ok"]
+            points = [
+                (s, e["impls"][name]["trees_per_s"])
+                for s, e in zip(sizes, result["batches"])
+                if e["impls"][name]["status"] == "ok"
+            ]
             if points:
                 ax.plot(*zip(*points), marker="o", label=name)
         lin = [(s, e["linearize"]["trees_per_s"]) for s, e in zip(sizes, result["batches"])]
@@ -402,21 +419,31 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hidden", type=int, nargs="+", default=[150, 256], help="hidden sizes H")
     parser.add_argument("--splits", nargs="+", default=["dev"], choices=["train", "dev", "test"])
-    parser.add_argument("--batches", nargs="+", default=["1", "10", "100", "all"],
-                        help="batch sizes in trees, or 'all' for the whole split")
+    parser.add_argument(
+        "--batches",
+        nargs="+",
+        default=["1", "10", "100", "all"],
+        help="batch sizes in trees, or 'all' for the whole split",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per batch (median kept)")
-    parser.add_argument("--max-trees", type=int, default=300,
-                        help="trees timed per batch size (whole batches; 'all' is always the whole split)")
+    parser.add_argument(
+        "--max-trees",
+        type=int,
+        default=300,
+        help="trees timed per batch size (whole batches; 'all' is always the whole split)",
+    )
     parser.add_argument("--interp-trees", type=int, default=100, help="at most this many trees for interp")
-    parser.add_argument("--per-node-trees", type=int, default=100,
-                        help="at most this many trees for torch_per_node")
+    parser.add_argument("--per-node-trees", type=int, default=100, help="at most this many trees for torch_per_node")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--data-dir", type=Path, default=SST_DIR)
     parser.add_argument("--cell", type=Path, default=CELL)
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--png", type=Path, help="write a plot of trees/s against batch size here")
-    parser.add_argument("--quick", action="store_true",
-                        help="a reduced run (H=150, dev, batches 1 10 100, 3 repeats, fewer trees) in under a minute")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a reduced run (H=150, dev, batches 1 10 100, 3 repeats, fewer trees) in under a minute",
+    )
     args = parser.parse_args(argv)
     for spec in args.batches:
         if spec != "all" and not (spec.isdigit() and int(spec) > 0):
@@ -441,9 +468,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Seen on a shared 2-CPU machine: every fork-join waits for a core, small GEMMs and
         # elementwise ops take milliseconds, and 2-thread timings swing by 10x from run to run.
         advice = "try --threads 1 or a quiet machine" if args.threads > 1 else "use a quiet machine"
-        print(f"warning: 1-min load average {load_before[0]:.2f} on {cpus} CPUs with {args.threads} thread(s) "
-              f"per process: other processes share the cores and timings will be noisy ({advice})",
-              file=sys.stderr)
+        print(
+            f"warning: 1-min load average {load_before[0]:.2f} on {cpus} CPUs with {args.threads} thread(s) "
+            f"per process: other processes share the cores and timings will be noisy ({advice})",
+            file=sys.stderr,
+        )
     started = time.perf_counter()
     results = []
     for split in args.splits:
@@ -459,9 +488,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             results.append(result)
     elapsed = time.perf_counter() - started
     load_after = os.getloadavg()
-    print(f"\ntotal {elapsed:.1f} s; torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; "
-          f"1-min load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
+    print(
+        f"\ntotal {elapsed:.1f} s; torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; "
+        f"1-min load average {load_before[0]:.2f} before, {load_after[0]:.2f} after"
+    )
     if args.json:
         meta = {
             "torch": torch.__version__,

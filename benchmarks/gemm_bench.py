@@ -82,8 +82,18 @@ def build(nr: int, mr: int, workdir: Path, extra_flags: list[str]) -> ctypes.CDL
     (workdir / "gemm.h").write_text(env.get_template("gemm.h.j2").render(nr=nr, mr=mr))
     (workdir / "bench.c").write_text(HARNESS)
     so = workdir / "bench.so"
-    cmd = ["gcc", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", *extra_flags, "-o", str(so),
-           str(workdir / "bench.c")]
+    cmd = [
+        "gcc",
+        "-O3",
+        "-march=native",
+        "-fopenmp",
+        "-shared",
+        "-fPIC",
+        *extra_flags,
+        "-o",
+        str(so),
+        str(workdir / "bench.c"),
+    ]
     subprocess.run(cmd, check=True)
     lib = ctypes.CDLL(str(so))
     fp, ip = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int)
@@ -92,8 +102,18 @@ def build(nr: int, mr: int, workdir: Path, extra_flags: list[str]) -> ctypes.CDL
     lib.bench_pack.restype = None
     lib.bench_pack.argtypes = [fp, ctypes.c_int, ctypes.c_int, fp]
     lib.bench_run.restype = ctypes.c_double
-    lib.bench_run.argtypes = [ctypes.c_int, fp, ip, ctypes.c_int, fp, ctypes.c_int, fp,
-                              ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    lib.bench_run.argtypes = [
+        ctypes.c_int,
+        fp,
+        ip,
+        ctypes.c_int,
+        fp,
+        ctypes.c_int,
+        fp,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
     return lib
 
 
@@ -169,8 +189,10 @@ def main() -> None:
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(prefix="cx_gemm_bench_") as tmp:
         lib = build(args.nr, args.mr, Path(tmp), args.cflags.split())
-        print(f"cx_gemm nr={args.nr} mr={args.mr} {args.cflags}  cores={os.cpu_count()}  "
-              f"load average before: {os.getloadavg()[0]:.2f}")
+        print(
+            f"cx_gemm nr={args.nr} mr={args.mr} {args.cflags}  cores={os.cpu_count()}  "
+            f"load average before: {os.getloadavg()[0]:.2f}"
+        )
         print(f"GFLOP/s as 'median (best)' of {args.repeats} timed samples")
         cols = ["cx 1T", "torch 1T", "cx 2T rows", "cx 2T panels", "torch 2T"]
         hdr = f"{'rows':>5} {'K':>4} {'M':>5} |" + "".join(f" {c:>13}" for c in cols)

@@ -117,8 +117,14 @@ def leaf_step(x: torch.Tensor, w: Mapping[str, torch.Tensor], hidden: int) -> tu
     return torch.sigmoid(iou[hidden : 2 * hidden]) * torch.tanh(c), c
 
 
-def node_step(h_left: torch.Tensor, c_left: torch.Tensor, h_right: torch.Tensor, c_right: torch.Tensor,
-              w: Mapping[str, torch.Tensor], hidden: int) -> tuple[torch.Tensor, torch.Tensor]:
+def node_step(
+    h_left: torch.Tensor,
+    c_left: torch.Tensor,
+    h_right: torch.Tensor,
+    c_right: torch.Tensor,
+    w: Mapping[str, torch.Tensor],
+    hidden: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The cell's node block for one node from its children's states: (h, c)."""
     linear = torch.nn.functional.linear
     hc = torch.cat((h_left, h_right))

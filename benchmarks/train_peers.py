@@ -103,8 +103,11 @@ class _TrainPeer:
         self.optimizer.step()
         end = time.perf_counter()
         if timings is not None:
-            for key, seconds in (("forward", forward_end - start), ("backward", backward_end - forward_end),
-                                 ("optimizer", end - backward_end)):
+            for key, seconds in (
+                ("forward", forward_end - start),
+                ("backward", backward_end - forward_end),
+                ("optimizer", end - backward_end),
+            ):
                 timings[key] = timings.get(key, 0.0) + seconds
         return float(loss.detach())
 

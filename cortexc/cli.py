@@ -37,8 +37,10 @@ def summarize(cell: Cell) -> str:
     arity = f"(arity = {cell.arity})" if cell.arity is not None else ""
     lines = [f"cell {cell.name} on {cell.structure.value}{arity}"]
     lines.append("  dims     " + ", ".join(f"{n} = {v}" for n, v in cell.dims) if cell.dims else "  dims     -")
-    inputs = [f"{i.name} : index[{i.index_range}]" if i.is_index else f"{i.name}{fmt_shape(i.shape)} float32"
-              for i in cell.inputs]
+    inputs = [
+        f"{i.name} : index[{i.index_range}]" if i.is_index else f"{i.name}{fmt_shape(i.shape)} float32"
+        for i in cell.inputs
+    ]
     lines.append("  inputs   " + (", ".join(inputs) or "-"))
     total = 0
     width = max((len(p.name) + len(fmt_shape(p.shape)) for p in cell.params), default=0)
@@ -104,8 +106,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     compiled_s = min(_timed(compiled, forest, inputs) for _ in range(args.repeats))
     eager_s = _timed(eager, forest, inputs)
     out, ref = compiled(forest, **inputs), eager(forest, **inputs)
-    print(f"{cell.name} on {where}: {forest.num_trees} trees, {forest.num_nodes} nodes, "
-          f"{forest.num_levels} levels (forest built in {forest_s * 1e3:.1f} ms)")
+    print(
+        f"{cell.name} on {where}: {forest.num_trees} trees, {forest.num_nodes} nodes, "
+        f"{forest.num_levels} levels (forest built in {forest_s * 1e3:.1f} ms)"
+    )
     print(f"  compiled (cpu): {compiled_s * 1e3:9.2f} ms  {forest.num_trees / compiled_s:12,.0f} trees/s")
     print(f"  eager (interp): {eager_s * 1e3:9.2f} ms  {forest.num_trees / eager_s:12,.0f} trees/s")
     print(f"  compiled / eager speed-up: {eager_s / compiled_s:.1f}x")
@@ -155,8 +159,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("file", help="a .cell file")
-        p.add_argument("-D", dest="define", action="append", default=[], metavar="NAME=VALUE",
-                       help="override a dim in every cell that declares it")
+        p.add_argument(
+            "-D",
+            dest="define",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="override a dim in every cell that declares it",
+        )
 
     check = sub.add_parser("check", help="parse and check a .cell file, print a summary of its cells")
     common(check)
@@ -166,8 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
     comp = sub.add_parser("compile", help="compile a .cell file into a Python package of kernels")
     common(comp)
     comp.add_argument("-o", "--out", default="build", metavar="DIR", help="where the package goes (default build/)")
-    comp.add_argument("--target", choices=["cpu", "cuda", "all"], default="all",
-                      help="which kernels to generate: C (cpu), CUDA, or both (default)")
+    comp.add_argument(
+        "--target",
+        choices=["cpu", "cuda", "all"],
+        default="all",
+        help="which kernels to generate: C (cpu), CUDA, or both (default)",
+    )
     comp.add_argument("--dump-ir", metavar="DIR", help="write the IR of every stage to DIR")
     comp.set_defaults(func=cmd_compile)
 

@@ -37,8 +37,12 @@ PASSES: tuple[Stage, ...] = (
 )
 
 
-def compile_source(source: str, file: str = "<string>", defines: Mapping[str, int] | None = None,
-                   dump_dir: str | os.PathLike | None = None) -> list[Cell]:
+def compile_source(
+    source: str,
+    file: str = "<string>",
+    defines: Mapping[str, int] | None = None,
+    dump_dir: str | os.PathLike | None = None,
+) -> list[Cell]:
     """Every cell of the file through the whole pipeline (raises located errors)."""
     cells = lower_source(source, file, defines)
     compiled = []
@@ -53,8 +57,9 @@ def compile_source(source: str, file: str = "<string>", defines: Mapping[str, in
     return compiled
 
 
-def compile_file(path: str | os.PathLike, defines: Mapping[str, int] | None = None,
-                 dump_dir: str | os.PathLike | None = None) -> list[Cell]:
+def compile_file(
+    path: str | os.PathLike, defines: Mapping[str, int] | None = None, dump_dir: str | os.PathLike | None = None
+) -> list[Cell]:
     source = Path(path).read_text(encoding="utf-8")
     return compile_source(source, str(path), defines, dump_dir)
 

@@ -91,8 +91,9 @@ class Adagrad(Optimizer):
     """``s += g * g``; ``p -= lr * g / (sqrt(s) + eps)``, s starting at ``initial_accumulator``
     (torch.optim.Adagrad, lr_decay 0)."""
 
-    def __init__(self, lr: float = 0.01, eps: float = 1e-10, initial_accumulator: float = 0.0,
-                 weight_decay: float = 0.0):
+    def __init__(
+        self, lr: float = 0.01, eps: float = 1e-10, initial_accumulator: float = 0.0, weight_decay: float = 0.0
+    ):
         super().__init__(lr, weight_decay)
         if initial_accumulator < 0:
             raise ValueError(f"initial_accumulator must be >= 0, got {initial_accumulator}")
@@ -116,8 +117,9 @@ class Adam(Optimizer):
     """Adam with bias correction (torch.optim.Adam, not AMSGrad): ``m``, ``v`` moving averages of
     ``g`` and ``g * g``; ``p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``."""
 
-    def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0):
+    def __init__(
+        self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0
+    ):
         super().__init__(lr, weight_decay)
         if not all(0 <= b < 1 for b in betas):
             raise ValueError(f"betas must be in [0, 1), got {betas}")
@@ -134,8 +136,7 @@ class Adam(Optimizer):
         return p - (self.lr / (1 - b1**t)) * m / denom
 
 
-def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray,
-                          reduction: str = "mean") -> tuple[float, np.ndarray]:
+def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray, reduction: str = "mean") -> tuple[float, np.ndarray]:
     """Cross-entropy of ``logits [R, C]`` against integer ``labels [R]`` (torch's
     ``F.cross_entropy``): the loss (mean over rows, or ``reduction="sum"``) and its gradient
     with respect to the logits, ``(softmax(logits) - onehot(labels)) / R`` for the mean, in the
@@ -187,4 +188,4 @@ def batches(items: Sequence[T], batch_size: int, rng: np.random.Generator | None
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     order = np.arange(len(items)) if rng is None else rng.permutation(len(items))
     for start in range(0, len(items), batch_size):
-        yield [items[int(i)] for i in order[start:start + batch_size]]
+        yield [items[int(i)] for i in order[start : start + batch_size]]

@@ -68,7 +68,7 @@ def evaluate(model, trees: list[Forest], vocab: Vocab, batch_size: int = 256) ->
     """(mean per-node loss, root accuracy, all-node accuracy) over `trees`."""
     losses, root_hits, node_hits, nodes = 0.0, 0, 0, 0
     for start in range(0, len(trees), batch_size):
-        forest = Forest.concat(trees[start:start + batch_size])
+        forest = Forest.concat(trees[start : start + batch_size])
         logits = model(forest, word=vocab.encode(forest))["logits"]
         loss, _ = softmax_cross_entropy(logits, forest.labels, reduction="sum")
         losses += loss
@@ -91,11 +91,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--embed", type=int, default=300, help="X, the word vector size")
     parser.add_argument("--batch", type=int, default=25)
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--device", default="cpu",
-                        help='"cpu" (compiled forward and backward) or "interp" (reference interpreter)')
+    parser.add_argument(
+        "--device", default="cpu", help='"cpu" (compiled forward and backward) or "interp" (reference interpreter)'
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--save", type=Path, default=Path("sst_treelstm.npz"),
-                        help="params (.npz); the vocabulary is written next to it as .vocab.json")
+    parser.add_argument(
+        "--save",
+        type=Path,
+        default=Path("sst_treelstm.npz"),
+        help="params (.npz); the vocabulary is written next to it as .vocab.json",
+    )
     args = parser.parse_args(argv)
 
     for path in (args.train, args.dev):
@@ -105,14 +110,19 @@ def main(argv: list[str] | None = None) -> int:
     train = read_trees(args.train, args.limit)
     dev = read_trees(args.dev, args.dev_limit)
     vocab = Vocab.build(train, min_count=1)
-    print(f"train {len(train)} trees ({sum(t.num_nodes for t in train)} nodes), dev {len(dev)} trees, "
-          f"vocabulary {len(vocab)} words; read in {time.perf_counter() - t0:.1f}s", flush=True)
+    print(
+        f"train {len(train)} trees ({sum(t.num_nodes for t in train)} nodes), dev {len(dev)} trees, "
+        f"vocabulary {len(vocab)} words; read in {time.perf_counter() - t0:.1f}s",
+        flush=True,
+    )
 
     module = cortexc.load(args.cell, V=len(vocab), X=args.embed, H=args.hidden, C=5)
     model = module.BinaryTreeLSTM(device=args.device, seed=args.seed)
     sizes = {name: value.size for name, value in model.params.items()}
-    print(f"BinaryTreeLSTM V={len(vocab)} X={args.embed} H={args.hidden} on {args.device}: "
-          f"{sum(sizes.values())} params", flush=True)
+    print(
+        f"BinaryTreeLSTM V={len(vocab)} X={args.embed} H={args.hidden} on {args.device}: {sum(sizes.values())} params",
+        flush=True,
+    )
     opt = Adagrad(args.lr)
     rng = np.random.default_rng(args.seed)
 
@@ -134,9 +144,12 @@ def main(argv: list[str] | None = None) -> int:
         train_time = time.perf_counter() - start
         dev_loss, dev_root, dev_nodes = evaluate(model, dev, vocab)
         best = max(best, dev_root)
-        print(f"epoch {epoch}: train loss {total_loss / max(total_nodes, 1):.4f} ({train_time:.1f}s) | "
-              f"dev loss {dev_loss:.4f}, root acc {dev_root:.4f}, all-node acc {dev_nodes:.4f} "
-              f"({time.perf_counter() - start - train_time:.1f}s)", flush=True)
+        print(
+            f"epoch {epoch}: train loss {total_loss / max(total_nodes, 1):.4f} ({train_time:.1f}s) | "
+            f"dev loss {dev_loss:.4f}, root acc {dev_root:.4f}, all-node acc {dev_nodes:.4f} "
+            f"({time.perf_counter() - start - train_time:.1f}s)",
+            flush=True,
+        )
         model.save_params(args.save)
         args.save.with_suffix(".vocab.json").write_text(json.dumps(vocab.to_dict()), encoding="utf-8")
     print(f"best dev root accuracy {best:.4f}; params saved to {args.save}", flush=True)

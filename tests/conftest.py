@@ -39,8 +39,7 @@ def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
     return float(np.abs(actual - expected).max() / (np.abs(expected).max() + 1e-30))
 
 
-def small_forest(cell, rng: np.random.Generator, trees: int, max_nodes: int, chains=(7, 2, 1),
-                 dag_nodes: int = 30):
+def small_forest(cell, rng: np.random.Generator, trees: int, max_nodes: int, chains=(7, 2, 1), dag_nodes: int = 30):
     """A forest the cell accepts: a random DAG for DAG cells, chains of the given lengths for chain
     cells, else random trees (binary for arity 2, nodes missing children for other arities)."""
     from cortexc import Forest

@@ -90,8 +90,9 @@ def central_difference(cell, forest, params, inputs, upstream, where: str, name:
     return (values[0] - 8 * values[1] + 8 * values[2] - values[3]) / (12 * h)
 
 
-def fd_check(cell, forest, params, inputs, upstream, rng, what: str, coords: int = 12,
-             focus: dict[str, np.ndarray] | None = None) -> dict[str, float]:
+def fd_check(
+    cell, forest, params, inputs, upstream, rng, what: str, coords: int = 12, focus: dict[str, np.ndarray] | None = None
+) -> dict[str, float]:
     """Analytic gradients against finite differences on `coords` random coordinates of every
     param and float input; returns the worst relative error per array (and asserts it).
 
@@ -140,8 +141,16 @@ def fd_check(cell, forest, params, inputs, upstream, rng, what: str, coords: int
     return worst
 
 
-def fd_case(cell, forest, rng, what: str, scale: float = 0.5, coords: int = 12, upstream_names=None,
-            focus_rows: dict[str, str] | None = None):
+def fd_case(
+    cell,
+    forest,
+    rng,
+    what: str,
+    scale: float = 0.5,
+    coords: int = 12,
+    upstream_names=None,
+    focus_rows: dict[str, str] | None = None,
+):
     """Random params, inputs and upstream gradients (outputs and states), then `fd_check`."""
     params = rand_params(cell, rng, scale)
     inputs = f64(random_inputs(cell, forest, rng))
@@ -194,8 +203,13 @@ def own_random_dag(rng, n: int, max_children: int = 3) -> tuple[Forest, list[lis
 
 def example_forest(kind: str, rng) -> Forest:
     if kind == "tree":  # any number of children, single nodes, a chain
-        return Forest.concat([Forest.random(3, rng, max_children=4, max_nodes=12),
-                              Forest.from_parents([-1]), Forest.from_parents([1, 2, -1])])
+        return Forest.concat(
+            [
+                Forest.random(3, rng, max_children=4, max_nodes=12),
+                Forest.from_parents([-1]),
+                Forest.from_parents([1, 2, -1]),
+            ]
+        )
     if kind == "binary":
         return Forest.concat([Forest.random(3, rng, binary=True, max_nodes=11), Forest.from_parents([-1])])
     if kind == "dag":
@@ -246,15 +260,21 @@ def torch_grads(torch, fn, params: dict, inputs: dict, upstream: dict, dtype):
     of sum <upstream, out> w.r.t. every param and float input (dense, like cortexc)."""
     tdtype = torch.float32 if dtype == np.float32 else torch.float64
     tp = {k: torch.tensor(np.asarray(v), dtype=tdtype, requires_grad=True) for k, v in params.items()}
-    ti = {k: (torch.tensor(np.asarray(v), dtype=tdtype, requires_grad=True)
-              if np.issubdtype(np.asarray(v).dtype, np.floating) else torch.tensor(np.asarray(v), dtype=torch.long))
-          for k, v in inputs.items()}
+    ti = {
+        k: (
+            torch.tensor(np.asarray(v), dtype=tdtype, requires_grad=True)
+            if np.issubdtype(np.asarray(v).dtype, np.floating)
+            else torch.tensor(np.asarray(v), dtype=torch.long)
+        )
+        for k, v in inputs.items()
+    }
     out = fn(torch, tp, ti)
     loss = sum((out[k] * torch.tensor(g, dtype=tdtype)).sum() for k, g in upstream.items())
     loss.backward()
     grads = {k: t.grad.numpy() if t.grad is not None else np.zeros(t.shape) for k, t in tp.items()}
-    grads.update({k: t.grad.numpy() if t.grad is not None else np.zeros(t.shape)
-                  for k, t in ti.items() if t.is_floating_point()})
+    grads.update(
+        {k: t.grad.numpy() if t.grad is not None else np.zeros(t.shape) for k, t in ti.items() if t.is_floating_point()}
+    )
     return {k: v.detach().numpy() for k, v in out.items()}, grads
 
 
@@ -267,13 +287,14 @@ def torch_childsum(children):
             kids = children[n]
             h_sum = sum((h[k] for k in kids), torch.zeros(H, dtype=x.dtype))
             iou = p["W_iou"] @ x[n] + p["U_iou"] @ h_sum + p["b_iou"]
-            cell = torch.sigmoid(iou[:H]) * torch.tanh(iou[2 * H:])
+            cell = torch.sigmoid(iou[:H]) * torch.tanh(iou[2 * H :])
             for k in kids:
                 f = torch.sigmoid(p["W_f"] @ x[n] + p["U_f"] @ h[k] + p["b_f"])
                 cell = cell + f * c[k]
             c[n] = cell
-            h[n] = torch.sigmoid(iou[H:2 * H]) * torch.tanh(cell)
+            h[n] = torch.sigmoid(iou[H : 2 * H]) * torch.tanh(cell)
         return {"h": torch.stack(h), "c": torch.stack(c)}
+
     return fn
 
 
@@ -286,17 +307,18 @@ def torch_binary_treelstm(children):
             kids = children[n]
             if not kids:
                 iou = p["W_iou"] @ p["E"][words[n]] + p["b_iou"]
-                c[n] = torch.sigmoid(iou[:H]) * torch.tanh(iou[2 * H:])
+                c[n] = torch.sigmoid(iou[:H]) * torch.tanh(iou[2 * H :])
             else:
                 zero = torch.zeros(H, dtype=p["E"].dtype)
                 h1, c1 = (h[kids[1]], c[kids[1]]) if len(kids) > 1 else (zero, zero)
                 hc = torch.cat([h[kids[0]], h1])
                 iou = p["U_iou"] @ hc + p["b_iou"]
                 f = torch.sigmoid(p["U_f"] @ hc + p["b_f"])
-                c[n] = (torch.sigmoid(iou[:H]) * torch.tanh(iou[2 * H:]) + f[:H] * c[kids[0]] + f[H:] * c1)
-            h[n] = torch.sigmoid(iou[H:2 * H]) * torch.tanh(c[n])
+                c[n] = torch.sigmoid(iou[:H]) * torch.tanh(iou[2 * H :]) + f[:H] * c[kids[0]] + f[H:] * c1
+            h[n] = torch.sigmoid(iou[H : 2 * H]) * torch.tanh(c[n])
         hs = torch.stack(h)
         return {"h": hs, "c": torch.stack(c), "logits": hs @ p["W_s"].T + p["b_s"]}
+
     return fn
 
 
@@ -314,11 +336,13 @@ def torch_mvrnn(children):
                 h[n] = torch.tanh(p["W"] @ torch.cat([A[r] @ h[l], A[l] @ h[r]]) + p["b"])
                 A[n] = p["W_M"] @ torch.cat([A[l], A[r]], dim=0)
         return {"h": torch.stack(h), "A": torch.stack(A)}
+
     return fn
 
 
 def torch_lstm_cells(children):
     """The chain LSTM one step at a time with torch.nn.LSTMCell (gate order i, f, g, o)."""
+
     def fn(torch, p, i):
         x = i["x"]
         X, H = x.shape[1], p["W_hh"].shape[1]
@@ -331,6 +355,7 @@ def torch_lstm_cells(children):
             hn, cn = torch.func.functional_call(step, weights, (x[n][None], prev))
             h[n], c[n] = hn[0], cn[0]
         return {"h": torch.stack(h), "c": torch.stack(c)}
+
     return fn
 
 
@@ -365,7 +390,7 @@ def own_tree_parents(rng, sizes, binary: bool) -> list[int]:
                 local += [-1]
                 local[pool[j] - base] = nxt - base
                 local[pool[j + 1] - base] = nxt - base
-                pool[j:j + 2] = [nxt]
+                pool[j : j + 2] = [nxt]
                 nxt += 1
             parents += [base + q if q >= 0 else -1 for q in local]
         else:
@@ -375,10 +400,18 @@ def own_tree_parents(rng, sizes, binary: bool) -> list[int]:
 
 TORCH_MODELS = {
     # name: (file, dims, parent-array maker, torch fn maker)
-    "childsum": ("treelstm.cell", {"X": 5, "H": 4},
-                 lambda rng: own_tree_parents(rng, [1, 9, 14, 3], binary=False), torch_childsum),
-    "binary": ("binary_treelstm.cell", {"V": 7, "X": 5, "H": 4, "C": 5},
-               lambda rng: own_tree_parents(rng, [1, 6, 4, 9], binary=True), torch_binary_treelstm),
+    "childsum": (
+        "treelstm.cell",
+        {"X": 5, "H": 4},
+        lambda rng: own_tree_parents(rng, [1, 9, 14, 3], binary=False),
+        torch_childsum,
+    ),
+    "binary": (
+        "binary_treelstm.cell",
+        {"V": 7, "X": 5, "H": 4, "C": 5},
+        lambda rng: own_tree_parents(rng, [1, 6, 4, 9], binary=True),
+        torch_binary_treelstm,
+    ),
     "mvrnn": ("mvrnn.cell", {"X": 5, "H": 4}, lambda rng: own_tree_parents(rng, [1, 5, 8], binary=True), torch_mvrnn),
     "lstm": ("lstm.cell", {"X": 5, "H": 4}, lambda rng: chain_parents([1, 6, 11]), torch_lstm_cells),
 }
@@ -400,8 +433,10 @@ def test_float64_gradients_vs_torch(name, rng):
         assert rel_err(out[k], ref_out[k]) <= TORCH_RTOL[np.float64], f"forward {k}"
     grads = analytic(cell, forest, params, inputs, upstream, np.float64)
     errors = {k: rel_err(grads[k], ref[k]) for k in grads}
-    print(f"graderr[torch float64, {name}] max={max(errors.values()):.2e} "
-          + " ".join(f"{k}={v:.1e}" for k, v in errors.items()))
+    print(
+        f"graderr[torch float64, {name}] max={max(errors.values()):.2e} "
+        + " ".join(f"{k}={v:.1e}" for k, v in errors.items())
+    )
     assert max(errors.values()) <= TORCH_RTOL[np.float64], errors
 
 
@@ -433,8 +468,10 @@ def test_float32_model_gradients_vs_torch(name, rng):
     for k, g in grads.items():
         assert g.dtype == np.float32 and g.shape == ref[k].shape, k
         errors[k] = rel_err(g, ref[k])
-    print(f"graderr[torch float32 model, {name}] max={max(errors.values()):.2e} "
-          + " ".join(f"{k}={v:.1e}" for k, v in errors.items()))
+    print(
+        f"graderr[torch float32 model, {name}] max={max(errors.values()):.2e} "
+        + " ".join(f"{k}={v:.1e}" for k, v in errors.items())
+    )
     assert max(errors.values()) <= TORCH_RTOL[np.float32], errors
 
 
@@ -450,20 +487,28 @@ def test_lstm_gradients_vs_torch_nn_lstm(dtype, rng):
     x = rng.standard_normal((B * T, X)).astype(dtype)
     gh = rng.standard_normal((B * T, H)).astype(dtype)
     gc = np.zeros((B * T, H), dtype)
-    gc[T - 1::T] = rng.standard_normal((B, H))
+    gc[T - 1 :: T] = rng.standard_normal((B, H))
     tdtype = torch.float32 if dtype == np.float32 else torch.float64
     lstm = torch.nn.LSTM(X, H).to(tdtype)
     with torch.no_grad():
-        for name, attr in (("W_ih", "weight_ih_l0"), ("W_hh", "weight_hh_l0"), ("b_ih", "bias_ih_l0"),
-                           ("b_hh", "bias_hh_l0")):
+        for name, attr in (
+            ("W_ih", "weight_ih_l0"),
+            ("W_hh", "weight_hh_l0"),
+            ("b_ih", "bias_ih_l0"),
+            ("b_hh", "bias_hh_l0"),
+        ):
             getattr(lstm, attr).copy_(torch.from_numpy(params[name]))
     tx = torch.tensor(x.reshape(B, T, X).transpose(1, 0, 2).copy(), requires_grad=True)  # [T, B, X]
     hs, (_, c_last) = lstm(tx)
     loss = (hs * torch.from_numpy(gh.reshape(B, T, H).transpose(1, 0, 2).copy())).sum()
-    loss = loss + (c_last[0] * torch.from_numpy(gc[T - 1::T].copy())).sum()
+    loss = loss + (c_last[0] * torch.from_numpy(gc[T - 1 :: T].copy())).sum()
     loss.backward()
-    ref = {"W_ih": lstm.weight_ih_l0.grad, "W_hh": lstm.weight_hh_l0.grad, "b_ih": lstm.bias_ih_l0.grad,
-           "b_hh": lstm.bias_hh_l0.grad}
+    ref = {
+        "W_ih": lstm.weight_ih_l0.grad,
+        "W_hh": lstm.weight_hh_l0.grad,
+        "b_ih": lstm.bias_ih_l0.grad,
+        "b_hh": lstm.bias_hh_l0.grad,
+    }
     ref = {k: v.numpy() for k, v in ref.items()}
     ref["x"] = tx.grad.numpy().transpose(1, 0, 2).reshape(B * T, X)
     upstream = {"h": gh, "c": gc}
@@ -482,7 +527,9 @@ def test_lstm_gradients_vs_torch_nn_lstm(dtype, rng):
 
 INVENTED = {
     # elementwise functions, per node and per child, division, unary minus
-    "elementwise": ("tree", """
+    "elementwise": (
+        "tree",
+        """
 cell Elementwise on tree {
     dim X = 4, H = 4
     input x[X]
@@ -496,8 +543,11 @@ cell Elementwise on tree {
         k  = sum(sigmoid(U @ child.h) * exp(-abs(child.h)) / (1.5 + softplus(child.h)) - relu(-child.h))
         h  = tanh(e1 - e2 / 4 + e3 - k + log(sigmoid(a)))
     }
-}"""),
-    "softmax": ("tree", """
+}""",
+    ),
+    "softmax": (
+        "tree",
+        """
 cell Softmaxes on tree {
     dim X = 4, H = 5, C = 3
     input x[X]
@@ -510,9 +560,12 @@ cell Softmaxes on tree {
     }
     output probs[C] = softmax(W_o @ h + b_o)
     output logp[C] = log_softmax(W_o @ h) * 0.5
-}"""),
+}""",
+    ),
     # vector slices and concats; matrix states; concat of matrices; matrix-matrix of per-node matrices
-    "matrices": ("binary", """
+    "matrices": (
+        "binary",
+        """
 cell Matrices on tree(arity = 2) {
     dim X = 3, H = 3
     input x[X]
@@ -529,9 +582,12 @@ cell Matrices on tree(arity = 2) {
         h = tanh(W @ z + concat(b[0:1], b[1:H])) * sigmoid(M @ M @ child[1].h)
     }
     output y[H] = M @ h + concat(h[H-1:H], h[0:H-1])
-}"""),
+}""",
+    ),
     # per-child matrices: GEMMs with per-child operands, concat of a per-child and a param matrix
-    "child_matrices": ("tree", """
+    "child_matrices": (
+        "tree",
+        """
 cell ChildMatrices on tree {
     dim X = 3, H = 3
     input x[X]
@@ -542,9 +598,12 @@ cell ChildMatrices on tree {
         h = tanh(W_x @ x + sum(child.M @ child.h) + sum(child.M) @ (W_x @ x) + mean(Q @ child.M @ child.h))
         M = tanh(P + sum(W_M @ concat(child.M, P)) / 2 + sum(child.M @ Q) / 4)
     }
-}"""),
+}""",
+    ),
     # reductions over children: sum, mean, max of per-child values, sum(1), mixing with per-node values
-    "reductions": ("tree", """
+    "reductions": (
+        "tree",
+        """
 cell Reductions on tree {
     dim X = 4, H = 4
     input x[X]
@@ -557,9 +616,12 @@ cell Reductions on tree {
         c = sum(f * child.c) + tanh(a) * sum(1) / 4 + mean(a * child.h) + sum(a - child.c) / 8
         h = tanh(sum(hs) + mean(child.h) + max(hs) + a / (sum(1) + 1) + max(child.c) * 0.5 + c + mean(tanh(a)))
     }
-}"""),
+}""",
+    ),
     # scalar broadcasts: literals, dims as scalars, a per-node scalar times a vector
-    "scalars": ("tree", """
+    "scalars": (
+        "tree",
+        """
 cell Scalars on tree {
     dim X = 4, H = 4
     input x[X]
@@ -571,9 +633,12 @@ cell Scalars on tree {
         h = tanh(2 * a - a / H + H * 0.1 + n * a / 3 + (1 - sigmoid(a)) * X - U @ sum(child.h) / (n + 1)
                  + sum(child.h * n) / 4 + 1 / (2 + a * a))
     }
-}"""),
+}""",
+    ),
     # param-only expressions in leaf, node and output; inputs read in outputs; output at root
-    "params_only": ("binary", """
+    "params_only": (
+        "binary",
+        """
 cell ParamsOnly on tree(arity = 2) {
     dim X = 3, H = 4, C = 2
     input x[X]
@@ -585,9 +650,12 @@ cell ParamsOnly on tree(arity = 2) {
     }
     output y[H] = sigmoid(b) * h + W2 @ b + tanh(W @ x)
     output r[C] at root = W_o @ h + b_o * sigmoid(b[0:C])
-}"""),
+}""",
+    ),
     # a look-up at every node with few words, so that rows repeat; the table also in the output
-    "embed": ("tree", """
+    "embed": (
+        "tree",
+        """
 cell Embed on tree {
     dim V = 3, X = 4, H = 4, C = 2
     input w : index[V]
@@ -595,7 +663,8 @@ cell Embed on tree {
     state h[H]
     node { h = tanh(W @ E[w] + sum(U @ child.h) + W @ sum(E[w] * 0.5)) }
     output o[C] = W_o @ E[w]
-}"""),
+}""",
+    ),
 }
 
 
@@ -631,10 +700,37 @@ def test_the_tested_cells_reach_every_gradient_rule():
     cells += [example(name, **dims) for name, (dims, _) in EXAMPLE_CASES.items()]
     seen = set().union(*(forward_ops(c) for c in cells))
     ops = {op for op, _, _ in seen}
-    user_ops = {Op.PARAM, Op.INPUT, Op.STATE, Op.CHILD_STATE, Op.CHILD_STATE_AT, Op.HOISTED, Op.CONST, Op.ADD,
-                Op.SUB, Op.MUL, Op.DIV, Op.NEG, Op.SIGMOID, Op.TANH, Op.RELU, Op.EXP, Op.LOG, Op.ABS, Op.SOFTPLUS,
-                Op.SOFTMAX, Op.LOG_SOFTMAX, Op.MATMUL, Op.SLICE, Op.CONCAT, Op.EMBED, Op.EXPAND, Op.SUM, Op.MEAN,
-                Op.MAX}
+    user_ops = {
+        Op.PARAM,
+        Op.INPUT,
+        Op.STATE,
+        Op.CHILD_STATE,
+        Op.CHILD_STATE_AT,
+        Op.HOISTED,
+        Op.CONST,
+        Op.ADD,
+        Op.SUB,
+        Op.MUL,
+        Op.DIV,
+        Op.NEG,
+        Op.SIGMOID,
+        Op.TANH,
+        Op.RELU,
+        Op.EXP,
+        Op.LOG,
+        Op.ABS,
+        Op.SOFTPLUS,
+        Op.SOFTMAX,
+        Op.LOG_SOFTMAX,
+        Op.MATMUL,
+        Op.SLICE,
+        Op.CONCAT,
+        Op.EMBED,
+        Op.EXPAND,
+        Op.SUM,
+        Op.MEAN,
+        Op.MAX,
+    }
     assert user_ops <= ops, f"not exercised: {user_ops - ops}"
     P, N, C = Domain.PARAM, Domain.NODE, Domain.CHILD
     wanted = {

@@ -220,16 +220,25 @@ def compiled_treelstm(tmp_path_factory) -> Path:
 
 def test_compile_writes_the_package(compiled_treelstm):
     package = compiled_treelstm / "treelstm"
-    assert {p.name for p in package.iterdir()} == {"__init__.py", "ChildSumTreeLSTM.c", "ChildSumTreeLSTM.cu",
-                                                   "cell.json"}
+    assert {p.name for p in package.iterdir()} == {
+        "__init__.py",
+        "ChildSumTreeLSTM.c",
+        "ChildSumTreeLSTM.cu",
+        "cell.json",
+    }
     description = json.loads((package / "cell.json").read_text(encoding="utf-8"))
     assert description["package"] == "treelstm"
     (cell,) = description["cells"]
     assert cell["name"] == "ChildSumTreeLSTM" and cell["structure"] == "tree"
     assert cell["dims"] == {"X": 300, "H": 150}
     assert {p["name"]: p["shape"] for p in cell["params"]} == {
-        "W_iou": [450, 300], "U_iou": [450, 150], "b_iou": [450],
-        "W_f": [150, 300], "U_f": [150, 150], "b_f": [150]}
+        "W_iou": [450, 300],
+        "U_iou": [450, 150],
+        "b_iou": [450],
+        "W_f": [150, 300],
+        "U_f": [150, 150],
+        "b_f": [150],
+    }
     assert cell["inputs"] == [{"name": "x", "shape": [300], "dtype": "float32", "index_range": None}]
     assert [s["name"] for s in cell["states"]] == ["h", "c"]
     assert cell["outputs"] == []
@@ -261,8 +270,11 @@ def test_compile_with_defines_and_two_cells(tmp_path):
 
 def test_dump_ir_writes_the_stages(compiled_treelstm):
     dumped = sorted(p.name for p in (compiled_treelstm / "ir").iterdir())
-    assert dumped[:3] == ["ChildSumTreeLSTM.00-lower.ir", "ChildSumTreeLSTM.01-specialize.ir",
-                          "ChildSumTreeLSTM.02-hoist.ir"]
+    assert dumped[:3] == [
+        "ChildSumTreeLSTM.00-lower.ir",
+        "ChildSumTreeLSTM.01-specialize.ir",
+        "ChildSumTreeLSTM.02-hoist.ir",
+    ]
     for name in dumped:
         assert (compiled_treelstm / "ir" / name).read_text(encoding="utf-8").startswith("cell ChildSumTreeLSTM")
 
@@ -270,8 +282,12 @@ def test_dump_ir_writes_the_stages(compiled_treelstm):
 def test_bad_cell_exits_1_and_writes_nothing(tmp_path):
     path = write_cell(tmp_path, "cell Bad on tree {\n    state h[2]\n    node { h = nope }\n}\n", "bad")
     out = tmp_path / "out"
-    result = subprocess.run([sys.executable, "-m", "cortexc.cli", "compile", str(path), "-o", str(out)],
-                            capture_output=True, text=True, cwd=REPO)
+    result = subprocess.run(
+        [sys.executable, "-m", "cortexc.cli", "compile", str(path), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert result.returncode == 1
     assert f"{path}:3:16: error: unknown name 'nope'" in result.stderr
     assert "Traceback" not in result.stderr
@@ -333,8 +349,12 @@ sys.exit(0 if error < 1e-5 else 1)
 
 
 def test_reusing_an_out_dir_does_not_change_an_already_loaded_module(tmp_path):
-    result = subprocess.run([sys.executable, "-c", STALE_KERNEL, str(tmp_path / "out"), str(EXAMPLES / "dagrnn.cell")],
-                            capture_output=True, text=True, cwd=REPO)
+    result = subprocess.run(
+        [sys.executable, "-c", STALE_KERNEL, str(tmp_path / "out"), str(EXAMPLES / "dagrnn.cell")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -356,8 +376,16 @@ def test_concurrent_loads_of_the_same_cell(tmp_path, monkeypatch, cell_files):
     path = write_cell(cell_files, TINY)
     monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path / "cache"))
     cortexc.load(path)  # the kernels need not be built: this is about the package directory
-    workers = [subprocess.Popen([sys.executable, "-c", CONCURRENT_LOADS, str(path)], cwd=REPO,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(4)]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", CONCURRENT_LOADS, str(path)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(4)
+    ]
     reports = [(w.wait(timeout=120), w.stdout.read()) for w in workers]
     assert all(code == 0 for code, _ in reports), reports
 

@@ -50,8 +50,9 @@ def test_dump_ir_writes_every_stage(tmp_path):
 def test_check_reports_errors_with_exit_1_and_no_traceback(tmp_path, text, expected):
     path = tmp_path / "t.cell"
     path.write_text(text + "\n")
-    result = subprocess.run([sys.executable, "-m", "cortexc.cli", "check", "t.cell"], capture_output=True,
-                            text=True, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "cortexc.cli", "check", "t.cell"], capture_output=True, text=True, cwd=tmp_path
+    )
     assert result.returncode == 1
     assert result.stderr.startswith(expected), result.stderr
     assert "Traceback" not in result.stderr
@@ -93,8 +94,23 @@ def test_run_compares_compiled_and_eager_on_the_builtin_forest(capsys):
 
 def test_run_on_sst_trees(capsys):
     trees = sst_path("dev")
-    assert main(["run", str(EXAMPLES / "binary_treelstm.cell"), "-D", "H=16", "-D", "X=8",
-                 "--trees", str(trees), "--limit", "12"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                str(EXAMPLES / "binary_treelstm.cell"),
+                "-D",
+                "H=16",
+                "-D",
+                "X=8",
+                "--trees",
+                str(trees),
+                "--limit",
+                "12",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "BinaryTreeLSTM on" in out and ": 12 trees" in out
 

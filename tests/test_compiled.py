@@ -202,7 +202,8 @@ def forest_shapes(cell, seed: int) -> dict[str, Forest]:
         shapes["deep_binary"] = caterpillar(100)  # depth 101, full binary
         # nodes with fewer children than the arity: child[k] for a missing k reads 0
         shapes["missing_children"] = Forest.concat(
-            [Forest.from_parents([1, 3, 3, -1, 5, -1]), Forest.random(10, rng, max_children=arity, max_nodes=30)])
+            [Forest.from_parents([1, 3, 3, -1, 5, -1]), Forest.random(10, rng, max_children=arity, max_nodes=30)]
+        )
     if cell.structure == Structure.DAG:
         shapes["dag"] = Forest.random_dag(150, rng, max_children=arity or 4, max_parents=3)
         shapes["dag_shared"] = Forest.random_dag(60, rng, max_children=arity or 8, max_parents=8)
@@ -252,8 +253,11 @@ def test_odd_dim_overrides(stem, H):
         model = getattr(module, name)(device="cpu", seed=H)
         assert dict(model.cell.dims)["H"] == H
         forests = forest_shapes(model.cell, H)
-        forest = Forest.concat([forests["mixed"], forests["chain100"]]) if model.cell.structure == Structure.TREE \
+        forest = (
+            Forest.concat([forests["mixed"], forests["chain100"]])
+            if model.cell.structure == Structure.TREE
             else forests["dag"]
+        )
         inputs = random_inputs(model.cell, forest, np.random.default_rng(H))
         out = compare(model, forest, inputs, f"-D H={H} {stem}")
         assert out["h"].shape == (forest.num_nodes, H)
@@ -305,7 +309,8 @@ def test_inputs_of_any_float_dtype_and_layout():
 
 STRESS = {
     # every elementwise function, softmax/log_softmax, on per-node and per-child values
-    "elementwise": ("""
+    "elementwise": (
+        """
 cell EW on tree {
     dim X = 7, H = 6
     input x[X]
@@ -318,9 +323,12 @@ cell EW on tree {
         c = softmax(a) + log_softmax(s + mean(child.c)) + max(child.c) / (1 + sum(1)) + sum(softmax(child.h))
     }
 }
-""", "tree"),
+""",
+        "tree",
+    ),
     # mean / max / sum over children, sum(1), mean(1), reductions of per-node values, a [1] state
-    "reductions": ("""
+    "reductions": (
+        """
 cell Red on tree {
     dim X = 6, H = 5
     input x[X]
@@ -334,9 +342,12 @@ cell Red on tree {
         h = m + mx + sum(child.h) / H + b * sum(1) + mean(x[1:] * 2) + max(x[:H] * 0.0 + k) + sum(b)
     }
 }
-""", "tree"),
+""",
+        "tree",
+    ),
     # per-child GEMM operands, per-node and per-child values mixed, per-child concat and softmax
-    "per_child_gemm": ("""
+    "per_child_gemm": (
+        """
 cell PC on tree {
     dim X = 7, H = 6
     input x[X]
@@ -351,9 +362,12 @@ cell PC on tree {
         h = tanh(sum(z * child.h) + mean(U @ (child.h * x[0:H])) + p + b)
     }
 }
-""", "tree"),
+""",
+        "tree",
+    ),
     # matrix states, concat of matrices, per-node matrix products (MV-RNN-like), child[k] of arity 3
-    "matrix_states": ("""
+    "matrix_states": (
+        """
 cell MS on tree(arity = 3) {
     dim X = 4, H = 5
     input x[X]
@@ -368,9 +382,12 @@ cell MS on tree(arity = 3) {
     }
     output y[H] = A @ h + P @ (W_x @ x)
 }
-""", "tree3"),
+""",
+        "tree3",
+    ),
     # param-only expressions (W @ b, sigmoid(b), A @ B), dims as scalars, outputs (also at root)
-    "param_only": ("""
+    "param_only": (
+        """
 cell PO on tree(arity = 2) {
     dim X = 3, H = 5
     input x[X]
@@ -384,9 +401,12 @@ cell PO on tree(arity = 2) {
     output r[H] at root = softmax(W @ h)
     output s[H] at root = b
 }
-""", "binary"),
+""",
+        "binary",
+    ),
     # a state read after its assignment; nothing child-independent to hoist; a leaf block
-    "no_hoist": ("""
+    "no_hoist": (
+        """
 cell SR on tree(arity = 2) {
     dim X = 4, H = 4
     input x[X]
@@ -399,9 +419,12 @@ cell SR on tree(arity = 2) {
     }
     output y[H] = h - c
 }
-""", "binary"),
+""",
+        "binary",
+    ),
     # everything but one term is child-independent (hoisted)
-    "all_but_one_hoisted": ("""
+    "all_but_one_hoisted": (
+        """
 cell AB on tree {
     dim X = 9, H = 8
     input x[X]
@@ -413,9 +436,12 @@ cell AB on tree {
         h = a * d + a + sum(child.h)
     }
 }
-""", "tree"),
+""",
+        "tree",
+    ),
     # an embedding look-up (hoisted), dims as scalars, slices with omitted bounds
-    "embed_slices": ("""
+    "embed_slices": (
+        """
 cell EM on tree {
     dim V = 13, X = 5, H = 6
     input w : index[V], x[X]
@@ -426,9 +452,12 @@ cell EM on tree {
         h = tanh(W @ (e + x) + U @ sum(child.h) / V + concat(e, x[0:H-X])[:] * X) + concat(x[:2], x[X-5:])[1:]
     }
 }
-""", "tree"),
+""",
+        "tree",
+    ),
     # a mixture: per-child softmax, max of a per-node value, matmul of exp(child[k]), slices of concats
-    "misc": ("""
+    "misc": (
+        """
 cell MI on tree(arity = 3) {
     dim X = 6, H = 6
     input x[X]
@@ -445,10 +474,13 @@ cell MI on tree(arity = 3) {
     }
     output o[H] = M @ h + A @ x
 }
-""", "tree3"),
+""",
+        "tree3",
+    ),
     # param-only matrices as left operands ((-W) @ x, sigmoid(V) @ x), a state that is entirely hoisted,
     # outputs reading an embedding, a matrix state and log_softmax at root
-    "param_matrices": ("""
+    "param_matrices": (
+        """
 cell NM on tree(arity = 2) {
     dim X = 5, H = 4
     input x[X], w : index[6]
@@ -463,9 +495,12 @@ cell NM on tree(arity = 2) {
     output m[H] = M @ c
     output l[H] at root = log_softmax(h) * 2
 }
-""", "binary"),
+""",
+        "binary",
+    ),
     # mean/max/sum of per-child matrices and per-child matrix products, divisions by per-node values
-    "child_matrices": ("""
+    "child_matrices": (
+        """
 cell MM on tree {
     dim X = 3, H = 3
     input x[X]
@@ -477,9 +512,12 @@ cell MM on tree {
         h = A @ (W @ x) + mean(log_softmax(child.h)) + max(child.h / (2 + abs(W @ x)))
     }
 }
-""", "tree"),
+""",
+        "tree",
+    ),
     # two cells in one file; the second on dag(arity = 2) with an output at root
-    "two_cells": ("""
+    "two_cells": (
+        """
 cell One on tree(arity = 1) {
     dim X = 3, H = 7
     input x[X]
@@ -495,7 +533,9 @@ cell Two on dag(arity = 2) {
     node { h = relu(W @ x + U0 @ child[0].h + U1 @ child[1].h) }
     output y[C] at root = log_softmax(S @ h)
 }
-""", "by_cell"),
+""",
+        "by_cell",
+    ),
 }
 
 
@@ -508,8 +548,14 @@ def stress_forest(kind: str, cell, seed: int) -> Forest:
     if kind == "tree3":
         return Forest.concat([singles(1), chain(30), Forest.random(10, rng, max_children=3, max_nodes=30)])
     if kind == "binary":
-        return Forest.concat([singles(1), chain(20), Forest.random(8, rng, binary=True, max_nodes=31),
-                              Forest.random(8, rng, max_children=2, max_nodes=20)])
+        return Forest.concat(
+            [
+                singles(1),
+                chain(20),
+                Forest.random(8, rng, binary=True, max_nodes=31),
+                Forest.random(8, rng, max_children=2, max_nodes=20),
+            ]
+        )
     if kind == "chain":
         return Forest.concat([chain(int(n)) for n in rng.integers(1, 40, 6)])
     if kind == "dag2":
@@ -597,8 +643,14 @@ cell ParamMatrix on tree(arity = 2) {
 @pytest.mark.parametrize("stem", sorted(LEAFLESS))
 def test_cells_without_leaf_whose_leaf_is_constant(load_text, stem, seed):
     module = load_text(LEAFLESS[stem], stem)
-    run_random(module, lambda cell: Forest.concat([singles(2), chain(5), Forest.random(
-        6, seed, max_children=cell.arity or 4, max_nodes=20)]), seed, f"leafless {stem}[seed={seed}]")
+    run_random(
+        module,
+        lambda cell: Forest.concat(
+            [singles(2), chain(5), Forest.random(6, seed, max_children=cell.arity or 4, max_nodes=20)]
+        ),
+        seed,
+        f"leafless {stem}[seed={seed}]",
+    )
 
 
 # ----------------------------------------------------------------------------- edge-case forests
@@ -706,7 +758,8 @@ def test_param_mapping_cannot_be_assigned():
 def small_models():
     tree = load(EXAMPLES / "treelstm.cell", **EXAMPLE_DIMS["treelstm"]).ChildSumTreeLSTM(device="cpu", seed=0)
     binary = load(EXAMPLES / "binary_treelstm.cell", **EXAMPLE_DIMS["binary_treelstm"]).BinaryTreeLSTM(
-        device="cpu", seed=0)
+        device="cpu", seed=0
+    )
     tree(singles(1), x=np.zeros((1, 16), np.float32))  # built: errors below come from validation, not the build
     return tree, binary
 
@@ -730,8 +783,10 @@ def _bad_calls(tree, binary):
         "float index": (cortexc.InputError, lambda: binary(small, word=np.array([0.0, 1.0, 1.0]))),
         "index 2-d": (cortexc.InputError, lambda: binary(small, word=np.zeros((3, 1), np.int32))),
         "shared node in a tree cell": (cortexc.ForestError, lambda: tree(shared, x=np.zeros((3, 16), np.float32))),
-        "arity violation": (cortexc.ForestError,
-                            lambda: binary(Forest.from_parents([3, 3, 3, -1]), word=np.zeros(4, np.int32))),
+        "arity violation": (
+            cortexc.ForestError,
+            lambda: binary(Forest.from_parents([3, 3, 3, -1]), word=np.zeros(4, np.int32)),
+        ),
     }
 
 

@@ -73,8 +73,20 @@ def built(tmp_path_factory) -> dict[str, Path]:
     vec = out / "vector_add.so"
     seed_hook = out / "seed_hook.cpp"
     seed_hook.write_text(f'#include "cuda_emu.h"\n{SEED_HOOK}')
-    jobs[vec] = [GXX, *CXXFLAGS, "-fPIC", "-shared", "-include", "cuda_emu.h", "-x", "c++", KERNELS / "vector_add.cu",
-                 seed_hook, "-o", vec]
+    jobs[vec] = [
+        GXX,
+        *CXXFLAGS,
+        "-fPIC",
+        "-shared",
+        "-include",
+        "cuda_emu.h",
+        "-x",
+        "c++",
+        KERNELS / "vector_add.cu",
+        seed_hook,
+        "-o",
+        vec,
+    ]
     for name in ("matmul_tiled", "block_reduce", "grid_scan"):
         driver = out / f"{name}_driver.cpp"
         driver.write_text(f'#include "cuda_emu.h"\n#include "{KERNELS / name}.cu"\n{SEED_HOOK}')
@@ -107,14 +119,14 @@ def test_prelude_in_kernels_matches_header():
     """The nvcc side of the macros lives in the header's comment; every test kernel carries it verbatim, so
     the nvcc compile below proves the documented text."""
     text = HEADER.read_text()
-    block = text[text.index(PRELUDE_BEGIN) + len(PRELUDE_BEGIN):text.index(PRELUDE_END)]
+    block = text[text.index(PRELUDE_BEGIN) + len(PRELUDE_BEGIN) : text.index(PRELUDE_END)]
     documented = [re.sub(r"^ \* ?", "", line) for line in block.strip("\n").splitlines()[:-1]]
     documented = [line for line in documented if line.strip()]
     assert documented[0] == "#if !defined(CX_EMULATE) && !defined(CX_NVCC_PRELUDE)" and documented[-1] == "#endif"
     assert len(KERNEL_FILES) >= 5
     for path in KERNEL_FILES:
         src = path.read_text()
-        body = src[src.index(PRELUDE_BEGIN) + len(PRELUDE_BEGIN):src.index(PRELUDE_END)]
+        body = src[src.index(PRELUDE_BEGIN) + len(PRELUDE_BEGIN) : src.index(PRELUDE_END)]
         carried = [line for line in body.splitlines()[1:-1] if line.strip()]
         assert carried == documented, path.name
 
@@ -226,7 +238,7 @@ def test_warp_intrinsics_and_atomics(built, rng, seed):
     count = (v.reshape(grid, block) % 3 == 0).sum(axis=1)  # __syncthreads_count, per block
     assert (out[:, 6] == np.repeat(count, block)).all()
     assert (out[:, 7] == per_warp(w.sum(axis=1)[:, None])).all()  # __reduce_add_sync
-    same = (w[:, :, None] % 4 == w[:, None, :] % 4)  # __match_any_sync
+    same = w[:, :, None] % 4 == w[:, None, :] % 4  # __match_any_sync
     match = (same * (1 << lane)[None, None, :]).sum(axis=2).astype(np.uint32).view(np.int32)
     assert (out[:, 8] == match.reshape(-1)).all()
     assert (out[:, 9] == w[:, lane ^ 8].reshape(-1)).all()  # two half-warp groups with their own masks
@@ -242,8 +254,10 @@ def _grid_scan(lib, v, block, max_blocks, api, use_grid_sync):
     out = np.zeros(len(v), np.int32)
     grid = np.zeros(1, np.int32)
     shared_ok = np.zeros(1 << 17, np.int32)
-    assert lib.cx_grid_scan(_ptr(v), len(v), block, max_blocks, api, use_grid_sync, _ptr(out), _ptr(grid),
-                            _ptr(shared_ok)) == 0
+    assert (
+        lib.cx_grid_scan(_ptr(v), len(v), block, max_blocks, api, use_grid_sync, _ptr(out), _ptr(grid), _ptr(shared_ok))
+        == 0
+    )
     return out, int(grid[0]), shared_ok[: grid[0] * block]
 
 
@@ -288,8 +302,9 @@ ERROR_CASES = {
 
 
 def _error_case(exe: Path, case: int, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(exe), str(case)], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [str(exe), str(case)], capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})}
+    )
 
 
 @pytest.mark.parametrize("case", [0, 100], ids=["CX_LAUNCH", "cx_emu::launch"])
@@ -341,8 +356,20 @@ def test_kernels_compile_with_nvcc(tmp_path):
     unit (the prelude is idempotent), which costs one nvcc front end instead of one per file."""
     unit = tmp_path / "all_kernels.cu"
     unit.write_text("".join(f'#include "{path}"\n' for path in KERNEL_FILES))
-    cmd = [NVCC, "-std=c++17", "-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90",
-           "-Werror", "all-warnings", "-c", unit, "-o", tmp_path / "all_kernels.o"]
+    cmd = [
+        NVCC,
+        "-std=c++17",
+        "-gencode",
+        "arch=compute_80,code=sm_80",
+        "-gencode",
+        "arch=compute_90,code=sm_90",
+        "-Werror",
+        "all-warnings",
+        "-c",
+        unit,
+        "-o",
+        tmp_path / "all_kernels.o",
+    ]
     result = _run(cmd, "nvcc")
     assert "warning" not in (result.stdout + result.stderr).lower()
 

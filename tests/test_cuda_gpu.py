@@ -157,8 +157,11 @@ def test_binary_treelstm_forward_on_sst_dev(sst, mode, monkeypatch):
     ids = vocab.encode(forest)
     out_g, out_r = gpu(forest, word=ids), reference(forest, word=ids)
     errors = {key: _relative(out_g[key], expected) for key, expected in out_r.items()}
-    print(f"SST dev, {SST_FORWARD_TREES} trees, {forest.num_nodes} nodes, {forest.num_levels} levels, "
-          f"H={SST_HIDDEN}, mode {mode}: forward rel err", errors)
+    print(
+        f"SST dev, {SST_FORWARD_TREES} trees, {forest.num_nodes} nodes, {forest.num_levels} levels, "
+        f"H={SST_HIDDEN}, mode {mode}: forward rel err",
+        errors,
+    )
     assert max(errors.values()) < FORWARD_RTOL, errors
     again = gpu(forest, word=ids)  # params stay on the device; a second call gives the same result
     assert max(_relative(again[key], out_g[key]) for key in out_g) < 1e-6

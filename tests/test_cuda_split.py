@@ -67,8 +67,16 @@ cell GatedMax on tree {
 }
 
 EXPECTED_PERIODS = {
-    "binary_treelstm": 150, "treelstm": 150, "lstm": 64, "dagrnn": 64, "treernn": 64, "mvrnn": 16,
-    "two_layer": None, "odd_offset": None, "quarter": 4, "gated_max": 6,
+    "binary_treelstm": 150,
+    "treelstm": 150,
+    "lstm": 64,
+    "dagrnn": 64,
+    "treernn": 64,
+    "mvrnn": 16,
+    "two_layer": None,
+    "odd_offset": None,
+    "quarter": 4,
+    "gated_max": 6,
 }
 
 
@@ -149,15 +157,14 @@ def split_packages(tmp_path_factory):
     dims = {"X": 9, "H": 7, "V": 20, "C": 3}
     for name in ("binary_treelstm", "treelstm", "lstm", "dagrnn", "treernn", "mvrnn"):
         declared = dict(cortexc.compile_file(EXAMPLES / f"{name}.cell")[0].dims)
-        built[name] = cortexc.load(EXAMPLES / f"{name}.cell", out_dir=out,
-                                   **{k: v for k, v in dims.items() if k in declared})
+        built[name] = cortexc.load(
+            EXAMPLES / f"{name}.cell", out_dir=out, **{k: v for k, v in dims.items() if k in declared}
+        )
     for name in ("quarter", "gated_max"):
         path = out / f"{name}.cell"
         path.write_text(INVENTED[name])
         built[name] = cortexc.load(path, out_dir=out)
     return built
-
-
 
 
 #: (CORTEXC_CUDA_BLOCKS, CORTEXC_CUDA_WEIGHTS): the emulated device has 4 SMs, so by default 4 blocks
@@ -184,12 +191,18 @@ def _emulate_against_the_interpreter(module, rng, monkeypatch, **environment: st
 
 
 @pytest.mark.parametrize("blocks, weights", SETTINGS)
-@pytest.mark.parametrize("name", ["binary_treelstm", "treelstm", "lstm", "dagrnn", "treernn", "mvrnn",
-                                  "quarter", "gated_max"])
+@pytest.mark.parametrize(
+    "name", ["binary_treelstm", "treelstm", "lstm", "dagrnn", "treernn", "mvrnn", "quarter", "gated_max"]
+)
 def test_split_mode_matches_the_interpreter(split_packages, name, blocks, weights, rng, monkeypatch):
     emulated, _, period = _emulate_against_the_interpreter(
-        split_packages[name], rng, monkeypatch, CORTEXC_CUDA_MODE="split", CORTEXC_CUDA_BLOCKS=blocks,
-        CORTEXC_CUDA_WEIGHTS=weights)
+        split_packages[name],
+        rng,
+        monkeypatch,
+        CORTEXC_CUDA_MODE="split",
+        CORTEXC_CUDA_BLOCKS=blocks,
+        CORTEXC_CUDA_WEIGHTS=weights,
+    )
     grid, units, slice_bytes = _last_plan(emulated)
     owners = min(int(blocks or 4), period)
     assert units == -(-period // owners)
@@ -215,8 +228,9 @@ def test_split_mode_is_off_where_asked(split_packages, rng, monkeypatch):
 
 
 @pytest.mark.parametrize("blocks", ["1", "4"])
-@pytest.mark.parametrize("name, dims", [("treelstm", {"X": 40, "H": 70}),
-                                        ("binary_treelstm", {"X": 40, "H": 70, "V": 30, "C": 5})])
+@pytest.mark.parametrize(
+    "name, dims", [("treelstm", {"X": 40, "H": 70}), ("binary_treelstm", {"X": 40, "H": 70, "V": 30, "C": 5})]
+)
 def test_split_mode_at_sizes_that_span_several_chunks_and_passes(name, dims, blocks, rng, tmp_path, monkeypatch):
     """K > 32 (several shared-memory chunks of the rows); with one block, more owned columns than threads
     (several column passes, no K split); with four, 18 units per block and the K range split."""
@@ -273,7 +287,8 @@ def test_per_level_mode_splits_small_levels_too(split_packages, name, blocks, rn
     """Without a cooperative launch (CORTEXC_CUDA_MODE=levels) a level with fewer tiles than SMs is one
     grid of column-owning blocks (weights from global memory), larger ones one grid of row tiles."""
     emulated, forest, period = _emulate_against_the_interpreter(
-        split_packages[name], rng, monkeypatch, CORTEXC_CUDA_MODE="levels", CORTEXC_CUDA_BLOCKS=blocks)
+        split_packages[name], rng, monkeypatch, CORTEXC_CUDA_MODE="levels", CORTEXC_CUDA_BLOCKS=blocks
+    )
     grid, units, _ = _last_plan(emulated)
     assert grid == 0 and units == -(-period // min(int(blocks or 4), period))
     assert emulated._executor_for_device().lib.cx_last_launch_count() >= forest.num_levels

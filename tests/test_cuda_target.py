@@ -31,8 +31,6 @@ def packages(tmp_path_factory):
     return built
 
 
-
-
 @pytest.mark.parametrize("mode", ["persistent", "levels"])
 @pytest.mark.parametrize("name", [p.stem for p in EXAMPLE_FILES])
 def test_emulated_cuda_matches_the_interpreter(packages, name, mode, rng, monkeypatch):
@@ -69,8 +67,22 @@ def test_cuda_device_without_pycuda_is_a_clear_error(packages):
 
 
 def _nvcc(path) -> subprocess.CompletedProcess:
-    command = ["nvcc", "-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90",
-               "-c", "-O3", "-Werror", "all-warnings", "-Xptxas", "-v", "-o", str(path.with_suffix(".o")), str(path)]
+    command = [
+        "nvcc",
+        "-gencode",
+        "arch=compute_80,code=sm_80",
+        "-gencode",
+        "arch=compute_90,code=sm_90",
+        "-c",
+        "-O3",
+        "-Werror",
+        "all-warnings",
+        "-Xptxas",
+        "-v",
+        "-o",
+        str(path.with_suffix(".o")),
+        str(path),
+    ]
     return subprocess.run(command, capture_output=True, text=True)
 
 
@@ -96,17 +108,20 @@ def test_scratch_kept_between_calls_grows_with_the_forest(packages, rng):
     module = packages["treelstm"]
     emulated = module.ChildSumTreeLSTM(device="cuda-emu", seed=4)
     reference = module.ChildSumTreeLSTM(device="interp", seed=4)
-    forests = [Forest.random(2, rng=rng, max_children=2, max_nodes=5),
-               Forest.random(30, rng=rng, max_children=9, max_nodes=25),
-               Forest.from_parents([-1])]
+    forests = [
+        Forest.random(2, rng=rng, max_children=2, max_nodes=5),
+        Forest.random(30, rng=rng, max_children=9, max_nodes=25),
+        Forest.from_parents([-1]),
+    ]
     for forest in forests:
         inputs = random_inputs(reference.cell, forest, rng)
         got, expected = emulated(forest, **inputs), reference(forest, **inputs)
         assert relative_error(got["h"], expected["h"]) < 1e-5
 
 
-@pytest.mark.parametrize("name, dims", [("treelstm", {"X": 40, "H": 70}),
-                                        ("binary_treelstm", {"X": 40, "H": 70, "V": 30, "C": 5})])
+@pytest.mark.parametrize(
+    "name, dims", [("treelstm", {"X": 40, "H": 70}), ("binary_treelstm", {"X": 40, "H": 70, "V": 30, "C": 5})]
+)
 def test_emulated_cuda_at_sizes_that_span_several_gemm_chunks(name, dims, rng, tmp_path, monkeypatch):
     """K > 32 (several shared-memory chunks) and M > 128 (several column passes of the block)."""
     monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path / "cache"))
@@ -163,8 +178,12 @@ def test_the_cuda_executor_with_a_stand_in_for_pycuda(packages, rng, monkeypatch
     gpuarray.empty = _StandInGPUArray
     package = types.ModuleType("pycuda")
     package.driver, package.gpuarray = driver, gpuarray
-    for name, module in {"pycuda": package, "pycuda.autoinit": types.ModuleType("pycuda.autoinit"),
-                         "pycuda.driver": driver, "pycuda.gpuarray": gpuarray}.items():
+    for name, module in {
+        "pycuda": package,
+        "pycuda.autoinit": types.ModuleType("pycuda.autoinit"),
+        "pycuda.driver": driver,
+        "pycuda.gpuarray": gpuarray,
+    }.items():
         monkeypatch.setitem(sys.modules, name, module)
     builds = []
 

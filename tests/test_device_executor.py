@@ -16,9 +16,7 @@ from tests.conftest import EXAMPLES, random_inputs, relative_error
 
 @pytest.fixture(scope="module")
 def module(tmp_path_factory):
-    return cortexc.load(EXAMPLES / "binary_treelstm.cell", out_dir=tmp_path_factory.mktemp("pkg"),
-                        X=6, H=5, V=30, C=3)
-
+    return cortexc.load(EXAMPLES / "binary_treelstm.cell", out_dir=tmp_path_factory.mktemp("pkg"), X=6, H=5, V=30, C=3)
 
 
 def _counting(monkeypatch) -> dict[str, int]:

@@ -61,9 +61,16 @@ cell C on {on} {{
 
 # ---- the examples ----------------------------------------------------------------------
 
+
 def test_there_are_examples():
-    assert {f.name for f in EXAMPLE_FILES} >= {"treelstm.cell", "binary_treelstm.cell", "treernn.cell",
-                                             "dagrnn.cell", "lstm.cell", "mvrnn.cell"}
+    assert {f.name for f in EXAMPLE_FILES} >= {
+        "treelstm.cell",
+        "binary_treelstm.cell",
+        "treernn.cell",
+        "dagrnn.cell",
+        "lstm.cell",
+        "mvrnn.cell",
+    }
 
 
 @pytest.mark.parametrize("path", EXAMPLE_FILES, ids=[f.stem for f in EXAMPLE_FILES])
@@ -133,9 +140,13 @@ def test_define_overrides_change_shapes():
 
 
 def test_define_overrides_every_cell_that_declares_the_dim():
-    source = small("h = b") + small("h = b").replace("cell C", "cell D") + """
+    source = (
+        small("h = b")
+        + small("h = b").replace("cell C", "cell D")
+        + """
 cell E on tree { dim K = 3  state s[K]  node { s = sum(child.s) } }
 """
+    )
     cells = {c.name: c for c in lower_source(source, "t.cell", defines={"H": 5, "K": 2})}
     assert cells["C"].state("h").shape == cells["D"].state("h").shape == (5,)
     assert cells["D"].param("W").shape == (5, 4)
@@ -148,6 +159,7 @@ def test_define_with_numpy_integer():
 
 
 # ---- valid but unusual programs -----------------------------------------------------------
+
 
 def test_semicolons_everywhere():
     cell = lower_one("cell C on tree { dim H = 8; state h[H]; param b[H];; node { ; h = b;; } ; }")
@@ -245,8 +257,13 @@ def test_matrix_states_and_matrix_products():
 
 
 def test_outputs_per_node_and_at_root():
-    cell = lower_one(small("h = b", decls="dim C = 3\n    param V[C, H]",
-                           after="output y[C] at root = V @ h\n    output z[H] = tanh(h) + W @ x"))
+    cell = lower_one(
+        small(
+            "h = b",
+            decls="dim C = 3\n    param V[C, H]",
+            after="output y[C] at root = V @ h\n    output z[H] = tanh(h) + W @ x",
+        )
+    )
     y, z = cell.outputs
     assert (y.name, y.shape, y.at_root) == ("y", (3,), True)
     assert (z.name, z.shape, z.at_root) == ("z", (8,), False)
@@ -290,8 +307,12 @@ def test_every_function():
 
 
 def test_names_that_start_with_keywords_are_names():
-    cell = lower_one(small("nodes = b; leafy = nodes; children = leafy; index_ = children; cells = index_; "
-                           "h = cells + dimension", decls="param dimension[H]"))
+    cell = lower_one(
+        small(
+            "nodes = b; leafy = nodes; children = leafy; index_ = children; cells = index_; h = cells + dimension",
+            decls="param dimension[H]",
+        )
+    )
     assert tree(cell.node, "h") == "add(param:b, param:dimension)"
 
 
@@ -301,8 +322,9 @@ def test_function_names_are_not_reserved():
 
 
 def test_embedding_lookup_with_index_range_expression():
-    cell = lower_one(small("h = E[w] + sum(child.h)", decls="dim V = 10\n    input w : index[V + 2]\n"
-                                                          "    param E[2*V, H]"))
+    cell = lower_one(
+        small("h = E[w] + sum(child.h)", decls="dim V = 10\n    input w : index[V + 2]\n    param E[2*V, H]")
+    )
     assert cell.input("w").index_range == 12
     assert tree(cell.node, "h") == "add(embed(param:E, input:w), sum(child_state:h))"
 
@@ -310,8 +332,9 @@ def test_embedding_lookup_with_index_range_expression():
 def test_leaf_block_and_node_block_in_any_order():
     cell = lower_one(small("h = sum(child.h)").replace("node {", "leaf { h = b }\n    node {"))
     assert tree(cell.leaf, "h") == "param:b" and tree(cell.node, "h") == "sum(child_state:h)"
-    reordered = small("h = sum(child.h)", after="").replace("    node { h = sum(child.h) }",
-                                                             "    node { h = sum(child.h) } leaf { h = b }")
+    reordered = small("h = sum(child.h)", after="").replace(
+        "    node { h = sum(child.h) }", "    node { h = sum(child.h) } leaf { h = b }"
+    )
     cell = lower_one(reordered)
     assert tree(cell.leaf, "h") == "param:b"
 

@@ -106,8 +106,23 @@ class Kernel:
         assert all(x.size == 0 or x.strides[1] == 4 for x in (A, c))
         zero = np.zeros(K, np.float32)
         idx = np.ascontiguousarray(idx, np.int32)
-        self.lib.t_gemm(len(idx), _fp(A), _ld(A), idx.ctypes.data_as(ctypes.POINTER(ctypes.c_int)),
-                        _fp(zero), K, _fp(packed), M, p0, p1, _fp(c), _ld(c), acc, threads, split)
+        self.lib.t_gemm(
+            len(idx),
+            _fp(A),
+            _ld(A),
+            idx.ctypes.data_as(ctypes.POINTER(ctypes.c_int)),
+            _fp(zero),
+            K,
+            _fp(packed),
+            M,
+            p0,
+            p1,
+            _fp(c),
+            _ld(c),
+            acc,
+            threads,
+            split,
+        )
 
 
 def _ld(a: np.ndarray) -> int:
@@ -158,13 +173,17 @@ def check_close(got, want, what: str) -> None:
 def test_render_is_strict_and_clean():
     src = render(16, 8)
     assert "{{" not in src and "{%" not in src
-    for sym in ("cx_packed_size(int M, int K)", "cx_pack(const float *W, int M, int K, int ldw, float *packed)",
-                "cx_gemm_rows(int rows, const float *const *a_rows, int K, const float *packed, int M,",
-                "cx_gemm_rows_all(int rows, const float *const *a_rows, int K, const float *packed, int M,"):
+    for sym in (
+        "cx_packed_size(int M, int K)",
+        "cx_pack(const float *W, int M, int K, int ldw, float *packed)",
+        "cx_gemm_rows(int rows, const float *const *a_rows, int K, const float *packed, int M,",
+        "cx_gemm_rows_all(int rows, const float *const *a_rows, int K, const float *packed, int M,",
+    ):
         assert sym in src
     with pytest.raises(jinja2.UndefinedError):
-        jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined) \
-            .get_template("gemm.h.j2").render(nr=16)
+        jinja2.Environment(
+            loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined
+        ).get_template("gemm.h.j2").render(nr=16)
 
 
 @pytest.mark.parametrize("K", [1, 3, 300])
@@ -217,8 +236,18 @@ def test_panel_ranges_write_only_their_columns(kernel, acc, rng):
         packed = kernel.pack(W)
         A, idx = gathered(rng, rows, K)
         full = reference(A, idx, W, np.zeros((rows, M)), 0)
-        ranges = {(0, 1), (1, 2), (3, 4), (2, 7), (0, 3), (5, panels), (panels - 1, panels), (0, panels),
-                  (4, 4), (panels - 3, panels)}
+        ranges = {
+            (0, 1),
+            (1, 2),
+            (3, 4),
+            (2, 7),
+            (0, 3),
+            (5, panels),
+            (panels - 1, panels),
+            (0, panels),
+            (4, 4),
+            (panels - 3, panels),
+        }
         for p0, p1 in sorted(ranges):
             c0 = rng.standard_normal((rows, M)).astype(np.float32)
             c = c0.copy()
@@ -228,8 +257,9 @@ def test_panel_ranges_write_only_their_columns(kernel, acc, rng):
             check_close(c[:, lo:hi], want, f"M={M} panels [{p0},{p1}) acc={acc}")
             untouched = np.ones(M, bool)
             untouched[lo:hi] = False
-            np.testing.assert_array_equal(c[:, untouched], c0[:, untouched],
-                                          err_msg=f"M={M} panels [{p0},{p1}) wrote outside its columns")
+            np.testing.assert_array_equal(
+                c[:, untouched], c0[:, untouched], err_msg=f"M={M} panels [{p0},{p1}) wrote outside its columns"
+            )
 
 
 @pytest.mark.parametrize("split", [0, 1], ids=["rows", "panels"])

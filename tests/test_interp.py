@@ -226,7 +226,7 @@ def treelstm_reference(params, x, parents):
         for h_k, _ in kids:
             h_sum = h_sum + h_k
         iou = P["W_iou"] @ x[i] + P["U_iou"] @ h_sum + P["b_iou"]
-        gate_i, gate_o, u = sigmoid(iou[:H]), sigmoid(iou[H:2 * H]), np.tanh(iou[2 * H:])
+        gate_i, gate_o, u = sigmoid(iou[:H]), sigmoid(iou[H : 2 * H]), np.tanh(iou[2 * H :])
         c = gate_i * u
         for h_k, c_k in kids:
             f_k = sigmoid(P["W_f"] @ x[i] + P["U_f"] @ h_k + P["b_f"])
@@ -286,14 +286,14 @@ def binary_treelstm_reference(P, word, parents):
     def node(i, kids):
         if not kids:
             iou = P["W_iou"] @ P["E"][word[i]] + P["b_iou"]
-            c = sigmoid(iou[:H]) * np.tanh(iou[2 * H:])
-            return sigmoid(iou[H:2 * H]) * np.tanh(c), c
+            c = sigmoid(iou[:H]) * np.tanh(iou[2 * H :])
+            return sigmoid(iou[H : 2 * H]) * np.tanh(c), c
         (h0, c0), (h1, c1) = (kids + [(zero, zero)])[:2]
         hc = np.concatenate([h0, h1])
         iou = P["U_iou"] @ hc + P["b_iou"]
         f = sigmoid(P["U_f"] @ hc + P["b_f"])
-        c = sigmoid(iou[:H]) * np.tanh(iou[2 * H:]) + f[:H] * c0 + f[H:] * c1
-        return sigmoid(iou[H:2 * H]) * np.tanh(c), c
+        c = sigmoid(iou[:H]) * np.tanh(iou[2 * H :]) + f[:H] * c0 + f[H:] * c1
+        return sigmoid(iou[H : 2 * H]) * np.tanh(c), c
 
     states = ref_run(children_of(parents), node)
     h = np.array([s[0] for s in states])
@@ -374,7 +374,7 @@ def torch_lstm_run(torch, params, x, dtype):
         h_t, c_t = torch.zeros(1, H, dtype=tdtype), torch.zeros(1, H, dtype=tdtype)
         cs = []
         for t in range(len(x)):
-            h_t, c_t = step(xs[t:t + 1], (h_t, c_t))
+            h_t, c_t = step(xs[t : t + 1], (h_t, c_t))
             cs.append(c_t[0])
     hs = out[:, 0, :].numpy()
     # the two torch paths agree up to float rounding (different kernels): relative to the values' scale
@@ -409,7 +409,7 @@ def test_lstm_batched_chains_vs_torch(dtype, rng):
     ids = rng.permutation(n)  # chains interleaved in the numbering
     chains, parents, start = [], np.full(n, -1, np.int64), 0
     for length in lengths:
-        chain = ids[start:start + length]  # chain[t] is step t
+        chain = ids[start : start + length]  # chain[t] is step t
         parents[chain[:-1]] = chain[1:]
         chains.append(chain)
         start += length
@@ -443,8 +443,7 @@ def test_dagrnn_shared_node_by_hand(monkeypatch, rng):
     cell = load("dagrnn.cell", X=3, H=4)
     G = nx.DiGraph()
     G.add_nodes_from(["root", "p1", "p2", "shared", "a", "b"])  # parents numbered first
-    G.add_edges_from([("shared", "p1"), ("a", "p1"), ("b", "p2"), ("shared", "p2"),
-                      ("p1", "root"), ("p2", "root")])
+    G.add_edges_from([("shared", "p1"), ("a", "p1"), ("b", "p2"), ("shared", "p2"), ("p1", "root"), ("p2", "root")])
     forest = Forest.from_networkx(G)
     idx = {name: i for i, name in enumerate(G.nodes)}
     assert not forest.is_tree
@@ -465,8 +464,7 @@ def test_dagrnn_shared_node_by_hand(monkeypatch, rng):
     h_p2 = np.tanh(W @ x[idx["p2"]] + U @ h_b + U @ h_shared + b)
     h_root = np.tanh(W @ x[idx["root"]] + U @ h_p1 + U @ h_p2 + b)
     expected = np.zeros((6, 4))
-    for name, h in [("shared", h_shared), ("a", h_a), ("b", h_b), ("p1", h_p1), ("p2", h_p2),
-                    ("root", h_root)]:
+    for name, h in [("shared", h_shared), ("a", h_a), ("b", h_b), ("p1", h_p1), ("p2", h_p2), ("root", h_root)]:
         expected[idx[name]] = h
     assert_close(out["h"], expected, np.float64, "dagrnn by hand")
 
@@ -561,8 +559,10 @@ def test_mvrnn(rng):
         if not ks:
             return np.tanh(params["W_x"] @ x[j] + params["b"]), A0
         (h0, A_0), (h1, A_1) = ks
-        return (np.tanh(params["W"] @ np.concatenate([A_1 @ h0, A_0 @ h1]) + params["b"]),
-                params["W_M"] @ np.concatenate([A_0, A_1], axis=0))
+        return (
+            np.tanh(params["W"] @ np.concatenate([A_1 @ h0, A_0 @ h1]) + params["b"]),
+            params["W_M"] @ np.concatenate([A_0, A_1], axis=0),
+        )
 
     ref = ref_run(kids, node)
     assert_close(out["h"], np.array([r[0] for r in ref]), np.float64, "mvrnn h")
@@ -649,10 +649,12 @@ def test_semantics_corners(dtype, rng):
         sum_M = sum((k["M"] for k in ks), np.zeros((3, 3)))
         r["M"] = np.tanh(PQ + sum_M @ PQ)
         r["S"] = np.vstack([r["M"], sum_M])
-        r["v"] = (np.tanh(r["M"] @ xi)
-                  + (np.max([k["M"] @ k["v"] for k in ks], axis=0) if n else zero)
-                  + sum((r["M"] @ k["v"] for k in ks), zero)
-                  + sum((k["M"] @ xi for k in ks), zero))
+        r["v"] = (
+            np.tanh(r["M"] @ xi)
+            + (np.max([k["M"] @ k["v"] for k in ks], axis=0) if n else zero)
+            + sum((r["M"] @ k["v"] for k in ks), zero)
+            + sum((k["M"] @ xi for k in ks), zero)
+        )
         r["w"] = -sum((k["v"] * xi + 1 for k in ks), zero) / 2
         r["cm"] = sum((np.vstack([k["M"], r["M"]]) for k in ks), np.zeros((6, 3)))
         r["cv"] = (sum((-k["v"] / (2 + k["s"] * k["s"]) for k in ks), zero) / n if n else zero) - xi
@@ -706,19 +708,36 @@ def test_functions_vs_torch(dtype, rng):
     tz = torch.from_numpy(z.astype(np.float64))
     X, Y = x.astype(np.float64), y.astype(np.float64)
     refs = {
-        "r": F.relu(tx), "e": torch.exp(tx), "l": torch.log(torch.abs(ty)), "a": torch.abs(tx),
-        "sp": F.softplus(tx, threshold=100.0), "sm": F.softmax(tx, dim=-1),
-        "ls": F.log_softmax(tx, dim=-1), "sg": torch.sigmoid(tx), "th": torch.tanh(tx),
-        "d": X / Y, "sd": 2 / Y, "ds": X / 4 - 0.1, "ng": -X, "nn": -2 * X, "rs": 1e-3 - X,
-        "zsp": F.softplus(tz, threshold=30.0), "zsm": F.softmax(tz, dim=-1), "zls": F.log_softmax(tz, dim=-1),
-        "zsg": torch.sigmoid(tz), "zth": torch.tanh(tz), "zr": F.relu(tz), "za": torch.abs(tz),
+        "r": F.relu(tx),
+        "e": torch.exp(tx),
+        "l": torch.log(torch.abs(ty)),
+        "a": torch.abs(tx),
+        "sp": F.softplus(tx, threshold=100.0),
+        "sm": F.softmax(tx, dim=-1),
+        "ls": F.log_softmax(tx, dim=-1),
+        "sg": torch.sigmoid(tx),
+        "th": torch.tanh(tx),
+        "d": X / Y,
+        "sd": 2 / Y,
+        "ds": X / 4 - 0.1,
+        "ng": -X,
+        "nn": -2 * X,
+        "rs": 1e-3 - X,
+        "zsp": F.softplus(tz, threshold=30.0),
+        "zsm": F.softmax(tz, dim=-1),
+        "zls": F.log_softmax(tz, dim=-1),
+        "zsg": torch.sigmoid(tz),
+        "zth": torch.tanh(tz),
+        "zr": F.relu(tz),
+        "za": torch.abs(tz),
     }
     for name, ref in refs.items():
         ref = ref.numpy() if hasattr(ref, "numpy") else ref
         if name == "e":  # exp(40) is large: compare relative elementwise
             np.testing.assert_allclose(out[name], ref, rtol=RTOL[dtype] * 10, err_msg=name)
-            print(f"relerr[fn e elementwise, {np.dtype(dtype).name}] = "
-                  f"{float(np.max(np.abs(out[name] - ref) / ref)):.3g}")
+            print(
+                f"relerr[fn e elementwise, {np.dtype(dtype).name}] = {float(np.max(np.abs(out[name] - ref) / ref)):.3g}"
+            )
         else:
             assert_close(out[name], ref, dtype, f"fn {name}")
 

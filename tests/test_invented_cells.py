@@ -24,13 +24,23 @@ from tests.test_compiled import STRESS, stress_forest
 from tests.test_cuda_split import INVENTED as SPLIT_CELLS
 
 #: stem -> (source, forest for a cell)
-CELLS = {f"stress_{stem}": (text, lambda cell, kind=kind: stress_forest(kind, cell, 0))
-         for stem, (text, kind) in STRESS.items()}
-CELLS |= {f"grad_{stem}": (text, lambda cell, kind=kind: invented_forest(kind, np.random.default_rng(1)))
-          for stem, (kind, text) in GRADIENT_CELLS.items()}
-CELLS |= {f"split_{stem}": (text, lambda cell: Forest.random(8, rng=np.random.default_rng(2), max_children=3,
-                                                             max_nodes=20, binary=cell.arity == 2))
-          for stem, text in SPLIT_CELLS.items()}
+CELLS = {
+    f"stress_{stem}": (text, lambda cell, kind=kind: stress_forest(kind, cell, 0))
+    for stem, (text, kind) in STRESS.items()
+}
+CELLS |= {
+    f"grad_{stem}": (text, lambda cell, kind=kind: invented_forest(kind, np.random.default_rng(1)))
+    for stem, (kind, text) in GRADIENT_CELLS.items()
+}
+CELLS |= {
+    f"split_{stem}": (
+        text,
+        lambda cell: Forest.random(
+            8, rng=np.random.default_rng(2), max_children=3, max_nodes=20, binary=cell.arity == 2
+        ),
+    )
+    for stem, text in SPLIT_CELLS.items()
+}
 
 FORWARD_RTOL = 1e-5
 BACKWARD_RTOL = 1e-5
@@ -46,7 +56,6 @@ def packages(tmp_path_factory):
         path.write_text(text, encoding="utf-8")
         built[stem] = cortexc.load(path, out_dir=out)
     return built
-
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda-emu"])
@@ -67,15 +76,28 @@ def test_invented_cell_forward_and_backward_match_the_interpreter(packages, stem
 
 
 def _nvcc(path: Path) -> subprocess.CompletedProcess:
-    command = ["nvcc", "-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90",
-               "-c", "-O3", "-Werror", "all-warnings", "-Xptxas", "-v", "-o", str(path.with_suffix(".o")), str(path)]
+    command = [
+        "nvcc",
+        "-gencode",
+        "arch=compute_80,code=sm_80",
+        "-gencode",
+        "arch=compute_90,code=sm_90",
+        "-c",
+        "-O3",
+        "-Werror",
+        "all-warnings",
+        "-Xptxas",
+        "-v",
+        "-o",
+        str(path.with_suffix(".o")),
+        str(path),
+    ]
     return subprocess.run(command, capture_output=True, text=True)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_every_invented_cell_compiles_with_nvcc_without_spills(packages):
-    sources = sorted({path for module in packages.values()
-                      for path in Path(next(iter(module.__path__))).glob("*.cu")})
+    sources = sorted({path for module in packages.values() for path in Path(next(iter(module.__path__))).glob("*.cu")})
     assert len(sources) >= len(CELLS)  # a file may hold two cells: one .cu per cell
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(_nvcc, sources))

@@ -42,14 +42,20 @@ def run_ours(opt, params: dict[str, np.ndarray], grads: list[dict[str, np.ndarra
 OPTIMIZERS = {
     "sgd": (lambda: SGD(0.1), lambda t, ps: t.optim.SGD(ps, lr=0.1)),
     "sgd_momentum": (lambda: SGD(0.05, momentum=0.9), lambda t, ps: t.optim.SGD(ps, lr=0.05, momentum=0.9)),
-    "sgd_weight_decay": (lambda: SGD(0.05, momentum=0.5, weight_decay=0.01),
-                         lambda t, ps: t.optim.SGD(ps, lr=0.05, momentum=0.5, weight_decay=0.01)),
+    "sgd_weight_decay": (
+        lambda: SGD(0.05, momentum=0.5, weight_decay=0.01),
+        lambda t, ps: t.optim.SGD(ps, lr=0.05, momentum=0.5, weight_decay=0.01),
+    ),
     "adagrad": (lambda: Adagrad(0.05), lambda t, ps: t.optim.Adagrad(ps, lr=0.05)),
-    "adagrad_init_acc": (lambda: Adagrad(0.1, eps=1e-6, initial_accumulator=0.1),
-                         lambda t, ps: t.optim.Adagrad(ps, lr=0.1, eps=1e-6, initial_accumulator_value=0.1)),
+    "adagrad_init_acc": (
+        lambda: Adagrad(0.1, eps=1e-6, initial_accumulator=0.1),
+        lambda t, ps: t.optim.Adagrad(ps, lr=0.1, eps=1e-6, initial_accumulator_value=0.1),
+    ),
     "adam": (lambda: Adam(1e-2), lambda t, ps: t.optim.Adam(ps, lr=1e-2)),
-    "adam_betas": (lambda: Adam(3e-3, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1),
-                   lambda t, ps: t.optim.Adam(ps, lr=3e-3, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)),
+    "adam_betas": (
+        lambda: Adam(3e-3, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1),
+        lambda t, ps: t.optim.Adam(ps, lr=3e-3, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1),
+    ),
 }
 
 
@@ -66,8 +72,9 @@ def test_optimizer_matches_torch(name, dtype, rng):
     for step, (g, e) in enumerate(zip(got, expected)):
         for k in params:
             assert g[k].dtype == np.dtype(dtype), (k, g[k].dtype)
-            np.testing.assert_allclose(g[k], e[k], rtol=1e-6, atol=1e-6 * max(1.0, np.abs(e[k]).max()),
-                                       err_msg=f"{name} step {step} {k}")
+            np.testing.assert_allclose(
+                g[k], e[k], rtol=1e-6, atol=1e-6 * max(1.0, np.abs(e[k]).max()), err_msg=f"{name} step {step} {k}"
+            )
 
 
 def test_optimizer_returns_new_arrays_and_accepts_read_only_params(rng):

@@ -107,9 +107,14 @@ def test_missing_child_reads_zeros():
     rng = np.random.default_rng(0)
     h, x, v, c = 4, 3, 7, 5
     params = {
-        "E": rng.normal(size=(v, x)), "W_iou": rng.normal(size=(3 * h, x)), "b_iou": rng.normal(size=3 * h),
-        "U_iou": rng.normal(size=(3 * h, 2 * h)), "U_f": rng.normal(size=(2 * h, 2 * h)),
-        "b_f": rng.normal(size=2 * h), "W_s": rng.normal(size=(c, h)), "b_s": rng.normal(size=c),
+        "E": rng.normal(size=(v, x)),
+        "W_iou": rng.normal(size=(3 * h, x)),
+        "b_iou": rng.normal(size=3 * h),
+        "U_iou": rng.normal(size=(3 * h, 2 * h)),
+        "U_f": rng.normal(size=(2 * h, 2 * h)),
+        "b_f": rng.normal(size=2 * h),
+        "W_s": rng.normal(size=(c, h)),
+        "b_s": rng.normal(size=c),
     }
     ids = np.array([1, 2, 0, 3, 0, 4, 0])
     labels = np.array([0, 1, 2, 3, 4, 0, 1])

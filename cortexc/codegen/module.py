@@ -59,31 +59,47 @@ def cell_spec(cell: Cell, program: Program, kernel_files: Mapping[str, str]) -> 
         "dims": dict(cell.dims),
         "params": [{"name": p.name, "shape": list(p.shape), "init": str(p.init)} for p in cell.params],
         "inputs": [
-            {"name": i.name, "shape": list(i.shape), "dtype": "int32" if i.is_index else "float32",
-             "index_range": i.index_range}
+            {
+                "name": i.name,
+                "shape": list(i.shape),
+                "dtype": "int32" if i.is_index else "float32",
+                "index_range": i.index_range,
+            }
             for i in cell.inputs
         ],
         "states": [{"name": s.name, "shape": list(s.shape)} for s in cell.states],
         "state_shapes": [list(s.shape) for s in cell.states],
         "outputs": [{"name": o.name, "shape": list(o.shape), "at_root": o.at_root} for o in cell.outputs],
         "hoisted_widths": [width(cell.pre.values[i]) for _, i in cell.pre.results] if cell.pre else [],
-        "packed": [{"name": w.name, "params": list(w.params), "m": w.m, "k": w.k, "transposed": list(w.transposed)}
-                   for w in program.packed],
+        "packed": [
+            {"name": w.name, "params": list(w.params), "m": w.m, "k": w.k, "transposed": list(w.transposed)}
+            for w in program.packed
+        ],
         "abi": abi(cell, program),
         "kernels": dict(kernel_files),
-        "deferred": [{"rows": t["rows"], "m": t["m"], "k": t["k"], "param": t["param"]}
-                     for t in deferred_outer_products(program)],
+        "deferred": [
+            {"rows": t["rows"], "m": t["m"], "k": t["k"], "param": t["param"]} for t in deferred_outer_products(program)
+        ],
         "schedule": [
-            {"kernel": k.name, "rows": k.rows.value, "steps": [_step_json(s) for s in k.steps],
-             "column_period": k.split.period if k.split is not None else None}
+            {
+                "kernel": k.name,
+                "rows": k.rows.value,
+                "steps": [_step_json(s) for s in k.steps],
+                "column_period": k.split.period if k.split is not None else None,
+            }
             for k in program.kernels
         ],
     }
 
 
-def write_package(source: str, source_file: str, out_dir: str | os.PathLike,
-                  defines: Mapping[str, int] | None = None, targets: tuple[str, ...] = ("c",),
-                  dump_dir: str | os.PathLike | None = None) -> Path:
+def write_package(
+    source: str,
+    source_file: str,
+    out_dir: str | os.PathLike,
+    defines: Mapping[str, int] | None = None,
+    targets: tuple[str, ...] = ("c",),
+    dump_dir: str | os.PathLike | None = None,
+) -> Path:
     """Compile a `.cell` source into the package `out_dir/<stem>/`; returns its path."""
     for name in targets:
         if name not in TARGETS:
@@ -114,10 +130,14 @@ def write_package(source: str, source_file: str, out_dir: str | os.PathLike,
         "cells": specs,
     }
     files["cell.json"] = json.dumps(description, indent=1, sort_keys=False) + "\n"
-    files["__init__.py"] = environment().get_template("module_init.py.j2").render(
-        source_file=source_file,
-        cell_names=[c.name for c in cells],
-        kernel_files=[f for s in specs for f in s["kernels"].values()],
+    files["__init__.py"] = (
+        environment()
+        .get_template("module_init.py.j2")
+        .render(
+            source_file=source_file,
+            cell_names=[c.name for c in cells],
+            kernel_files=[f for s in specs for f in s["kernels"].values()],
+        )
     )
     return _install(Path(out_dir), name, files)
 

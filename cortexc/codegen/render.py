@@ -92,8 +92,11 @@ def render(program: Program, target: Target, source_file: str) -> str:
         if k.rows in (Rows.NODES, Rows.ROOTS) and not k.name.startswith("grad_")
     ]
     grad_outputs = [
-        {"kernel": k.name, "index": [o.name for o in cell.outputs].index(k.name[len("grad_out_"):]),
-         "count": "call->num_roots" if k.rows == Rows.ROOTS else "call->num_nodes"}
+        {
+            "kernel": k.name,
+            "index": [o.name for o in cell.outputs].index(k.name[len("grad_out_") :]),
+            "count": "call->num_roots" if k.rows == Rows.ROOTS else "call->num_nodes",
+        }
         for k in program.kernels
         if k.name.startswith("grad_out_")
     ]
@@ -133,8 +136,8 @@ def render(program: Program, target: Target, source_file: str) -> str:
         leaf_split=split is not None and leaf.split is not None,
         split_weights=list(split_weights.values()),
         split_floats_per_unit=sum(w["periods"] * w["k"] for w in split_weights.values()),
-        split_stage_floats=-(-target.tile_rows * (max((w["k"] for w in split_weights.values()), default=0) + 1)
-                             // 4) * 4,
+        split_stage_floats=-(-target.tile_rows * (max((w["k"] for w in split_weights.values()), default=0) + 1) // 4)
+        * 4,
     )
 
 
@@ -159,14 +162,27 @@ def deferred_outer_products(program: Program) -> list[dict[str, Any]]:
             if not isinstance(step, AccumOuter):
                 continue
             if kernel.rows == Rows.LEVEL:
-                first, last = (("call->level_ptr[1]", "call->num_nodes") if kernel.name == "grad_node"
-                               else ("0", "call->level_ptr[1]"))
+                first, last = (
+                    ("call->level_ptr[1]", "call->num_nodes")
+                    if kernel.name == "grad_node"
+                    else ("0", "call->level_ptr[1]")
+                )
             else:
                 first, last = _KERNEL_POSITIONS[kernel.rows]
             if step.rows == RowKind.CHILD:
                 first, last = f"call->edge_ptr[{first}]", f"call->edge_ptr[{last}]"
-            terms.append({"kernel": kernel.name, "step": number, "param": step.param, "m": step.m, "k": step.k,
-                          "rows": step.rows.value, "first": first, "last": last})
+            terms.append(
+                {
+                    "kernel": kernel.name,
+                    "step": number,
+                    "param": step.param,
+                    "m": step.m,
+                    "k": step.k,
+                    "rows": step.rows.value,
+                    "first": first,
+                    "last": last,
+                }
+            )
     return terms
 
 
@@ -209,12 +225,12 @@ def _symbols(cell: Cell, program: Program, kernel: Kernel, target: Target) -> li
     stored_outputs = {s.name for s in stores if s.target == "output"}
     declare(table["outputs"], stored_outputs, lambda i, n: f"float *{output_symbol(n)} = call->outputs[{i}];")
     declare(table["states"], d_states, lambda i, n: f"float *{gradient_symbol('state', n)} = grad->d_states[{i}];")
-    declare(table["hoisted"], d_hoisted,
-            lambda i, n: f"float *{gradient_symbol('pre', n)} = grad->d_hoisted[{i}];")
+    declare(table["hoisted"], d_hoisted, lambda i, n: f"float *{gradient_symbol('pre', n)} = grad->d_hoisted[{i}];")
     declare(table["inputs"], d_inputs, lambda i, n: f"float *{gradient_symbol('input', n)} = grad->d_inputs[{i}];")
     declare(table["params"], d_params, lambda i, n: f"float *{gradient_symbol('param', n)} = grad->d_params[{i}];")
-    declare(table["outputs"], upstream,
-            lambda i, n: f"const float *{gradient_symbol('output', n)} = grad->upstream[{i}];")
+    declare(
+        table["outputs"], upstream, lambda i, n: f"const float *{gradient_symbol('output', n)} = grad->upstream[{i}];"
+    )
     offsets = {name: offset for name, offset, _ in program.accumulators}
     param_index = {name: i for i, name in enumerate(table["params"])}
     for name in sorted(accumulated):
@@ -225,8 +241,9 @@ def _symbols(cell: Cell, program: Program, kernel: Kernel, target: Target) -> li
     return decls
 
 
-def _kernel_context(cell: Cell, program: Program, kernel: Kernel, target: Target,
-                    deferred: list[dict[str, Any]]) -> dict[str, Any]:
+def _kernel_context(
+    cell: Cell, program: Program, kernel: Kernel, target: Target, deferred: list[dict[str, Any]]
+) -> dict[str, Any]:
     exprs = KernelExprs(cell, kernel)
     offsets, offset_terms = [], []
     node_floats = child_floats = 0

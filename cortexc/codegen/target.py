@@ -21,12 +21,30 @@ class Target:
 
 
 #: gcc with OpenMP; `-march=native` picks AVX-512 or AVX2 for the vector extensions of the GEMM.
-C = Target(name="c", source_suffix=".c", helper="static inline", restrict="__restrict__",
-           gemm_nr=16, gemm_mr=8, tile_rows=32, private_accumulators=True)
+C = Target(
+    name="c",
+    source_suffix=".c",
+    helper="static inline",
+    restrict="__restrict__",
+    gemm_nr=16,
+    gemm_mr=8,
+    tile_rows=32,
+    private_accumulators=True,
+)
 
 #: nvcc; a tile of a level is one thread block, its threads share the rows x columns of every step.
-CUDA = Target(name="cuda", source_suffix=".cu", helper="__device__ inline", restrict="__restrict__",
-              gemm_nr=16, gemm_mr=1, tile_rows=16, private_accumulators=False, threads_per_block=128,
-              column_split=True, defer_outer_products=True)
+CUDA = Target(
+    name="cuda",
+    source_suffix=".cu",
+    helper="__device__ inline",
+    restrict="__restrict__",
+    gemm_nr=16,
+    gemm_mr=1,
+    tile_rows=16,
+    private_accumulators=False,
+    threads_per_block=128,
+    column_split=True,
+    defer_outer_products=True,
+)
 
 TARGETS = {"c": C, "cuda": CUDA}

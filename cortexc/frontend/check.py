@@ -137,8 +137,7 @@ def _check_cell(cell_def: ast.CellDef, defines: Mapping[str, int], sink: ErrorSi
         elif isinstance(item, ast.OutputDecl):
             phase = 2
         elif phase > 0:
-            sink.report(f"declaration of '{item.name}' after a block: declarations come before the blocks",
-                        item.loc)
+            sink.report(f"declaration of '{item.name}' after a block: declarations come before the blocks", item.loc)
     if "node" not in blocks:
         sink.report(f"cell '{cell_def.name}' has no node block (it is required)", cell_def.loc)
 
@@ -255,8 +254,9 @@ def expr_loc(expr: ast.Expr) -> SourceLoc:
     return expr.loc
 
 
-def const_int(expr: ast.Expr, dims: Mapping[str, int], sink: ErrorSink, what: str,
-              others: Mapping[str, str] | None = None) -> int | None:
+def const_int(
+    expr: ast.Expr, dims: Mapping[str, int], sink: ErrorSink, what: str, others: Mapping[str, str] | None = None
+) -> int | None:
     """Evaluate an integer expression of literals and dims (+ - * /), reporting what is wrong.
 
     `others` names what the other visible names are ("an input", ...) so that using one where a
@@ -271,16 +271,19 @@ def const_int(expr: ast.Expr, dims: Mapping[str, int], sink: ErrorSink, what: st
     return int(value)
 
 
-def const_value(expr: ast.Expr, dims: Mapping[str, int], sink: ErrorSink, what: str,
-                others: Mapping[str, str] | None = None) -> float | None:
+def const_value(
+    expr: ast.Expr, dims: Mapping[str, int], sink: ErrorSink, what: str, others: Mapping[str, str] | None = None
+) -> float | None:
     if isinstance(expr, ast.Number):
         return expr.value
     if isinstance(expr, ast.Name):
         if expr.name in dims:
             return float(dims[expr.name])
         if others and expr.name in others:
-            sink.report(f"{what} must be a constant made of numbers and dims, but '{expr.name}' is "
-                        f"{others[expr.name]}", expr.loc)
+            sink.report(
+                f"{what} must be a constant made of numbers and dims, but '{expr.name}' is {others[expr.name]}",
+                expr.loc,
+            )
             return None
         sink.report(f"unknown dim '{expr.name}' in {what}" + did_you_mean(expr.name, dims), expr.loc)
         return None

@@ -72,9 +72,16 @@ class BodyBuilder:
         self._index: dict[tuple[Any, ...], int] = {}
         self._labels: dict[int, str] = {}
 
-    def add(self, op: Op, args: tuple[int, ...], shape: Shape, domain: Domain,
-            attrs: tuple[tuple[str, Any], ...] = (), dtype: DType = DType.F32,
-            loc: SourceLoc | None = None) -> int:
+    def add(
+        self,
+        op: Op,
+        args: tuple[int, ...],
+        shape: Shape,
+        domain: Domain,
+        attrs: tuple[tuple[str, Any], ...] = (),
+        dtype: DType = DType.F32,
+        loc: SourceLoc | None = None,
+    ) -> int:
         key = (op, args, shape, domain, attrs, dtype)
         if key not in self._index:
             self._index[key] = len(self.values)
@@ -122,8 +129,7 @@ def _lower_block(decl: DeclaredCell, block: ast.Block, sink: ErrorSink) -> ir.Bo
     read_only |= {name: "dim" for name, _ in decl.dims}
     for stmt in block.stmts:
         if len(stmt.targets) != len(stmt.values):
-            sink.report(f"{len(stmt.targets)} names on the left but {len(stmt.values)} values on the right",
-                        stmt.loc)
+            sink.report(f"{len(stmt.targets)} names on the left but {len(stmt.values)} values on the right", stmt.loc)
             for target in stmt.targets:  # count them as assigned (in error), so no error follows from this one
                 if target.name in states:
                     scope.assigned_states.setdefault(target.name, (None, target.loc))
@@ -145,8 +151,14 @@ def _lower_block(decl: DeclaredCell, block: ast.Block, sink: ErrorSink) -> ir.Bo
     return scope.builder.finish(kind, results)
 
 
-def _bind(scope: _Scope, target: ast.Target, expr: ast.Expr, value: int | None,
-          states: dict[str, ir.StateDecl], read_only: dict[str, str]) -> None:
+def _bind(
+    scope: _Scope,
+    target: ast.Target,
+    expr: ast.Expr,
+    value: int | None,
+    states: dict[str, ir.StateDecl],
+    read_only: dict[str, str],
+) -> None:
     name, sink = target.name, scope.sink
     if name in read_only:
         what = read_only[name]
@@ -159,8 +171,9 @@ def _bind(scope: _Scope, target: ast.Target, expr: ast.Expr, value: int | None,
         return
     if name in scope.assigned_states:
         first = scope.assigned_states[name][1]
-        sink.report(f"state '{name}' is assigned twice in the {scope.kind} block (first at line {first.line})",
-                    target.loc)
+        sink.report(
+            f"state '{name}' is assigned twice in the {scope.kind} block (first at line {first.line})", target.loc
+        )
         return
     scope.assigned_states[name] = (value, target.loc)
     if value is None:
@@ -168,12 +181,17 @@ def _bind(scope: _Scope, target: ast.Target, expr: ast.Expr, value: int | None,
     v = scope.builder.values[value]
     state = states[name]
     if v.domain == Domain.CHILD:
-        sink.report(f"state '{name}' is assigned a per-child value: reduce it over the children with "
-                    "sum(...), mean(...) or max(...)", expr_loc(expr))
+        sink.report(
+            f"state '{name}' is assigned a per-child value: reduce it over the children with "
+            "sum(...), mean(...) or max(...)",
+            expr_loc(expr),
+        )
         scope.assigned_states[name] = (None, target.loc)
     elif v.dtype != DType.F32 or v.shape != state.shape:
-        sink.report(f"shape mismatch: state {name}{fmt_shape(state.shape)} is assigned a value of shape "
-                    f"{_describe(v)}", expr_loc(expr))
+        sink.report(
+            f"shape mismatch: state {name}{fmt_shape(state.shape)} is assigned a value of shape {_describe(v)}",
+            expr_loc(expr),
+        )
         scope.assigned_states[name] = (None, target.loc)
 
 
@@ -184,8 +202,10 @@ def _lower_output(decl: DeclaredCell, out: ast.OutputDecl, shape: Shape, sink: E
         return None
     v = scope.builder.values[value]
     if v.dtype != DType.F32 or v.shape != shape:
-        sink.report(f"shape mismatch: output {out.name}{fmt_shape(shape)} is given a value of shape "
-                    f"{_describe(v)}", expr_loc(out.expr))
+        sink.report(
+            f"shape mismatch: output {out.name}{fmt_shape(shape)} is given a value of shape {_describe(v)}",
+            expr_loc(out.expr),
+        )
         return None
     return scope.builder.finish(BodyKind.OUTPUT, [(out.name, value)])
 
@@ -249,8 +269,10 @@ def _float_operand(scope: _Scope, expr: ast.Expr) -> int | None:
     """Elaborate an operand of arithmetic: index inputs are only for look-ups."""
     index = _expr(scope, expr)
     if index is not None and _value(scope, index).dtype == DType.I32:
-        scope.sink.report(f"'{_text(expr)}' is an index input: it can only select a row of a param, "
-                          f"as E[{_text(expr)}]", expr_loc(expr))
+        scope.sink.report(
+            f"'{_text(expr)}' is an index input: it can only select a row of a param, as E[{_text(expr)}]",
+            expr_loc(expr),
+        )
         return None
     return index
 
@@ -270,8 +292,9 @@ def _name(scope: _Scope, expr: ast.Name) -> int | None:
             if name in scope.assigned_states:
                 return scope.assigned_states[name][0]
             hint = f" (the children's {name} is child.{name})" if scope.kind == "node" else ""
-            scope.sink.report(f"state '{name}' is read before it is assigned in the {scope.kind} block" + hint,
-                              expr.loc)
+            scope.sink.report(
+                f"state '{name}' is read before it is assigned in the {scope.kind} block" + hint, expr.loc
+            )
             return None
     for inp in decl.inputs:
         if inp.name == name:
@@ -286,8 +309,13 @@ def _name(scope: _Scope, expr: ast.Name) -> int | None:
     if name in scope.targets:
         scope.sink.report(f"'{name}' is read before it is assigned in the {scope.kind} block", expr.loc)
         return None
-    known = [*scope.locals, *(s.name for s in decl.states), *(i.name for i in decl.inputs),
-             *(p.name for p in decl.params), *dims]
+    known = [
+        *scope.locals,
+        *(s.name for s in decl.states),
+        *(i.name for i in decl.inputs),
+        *(p.name for p in decl.params),
+        *dims,
+    ]
     hint = did_you_mean(name, known)
     if scope.kind == "output" and not hint:
         hint = " (outputs read the node's states, inputs and params)"
@@ -308,8 +336,11 @@ def _binary(scope: _Scope, expr: ast.Binary) -> int | None:
             op, shape = BINARY_SYMBOLS[expr.op], broadcast_shape(a.shape, b.shape)
     except ShapeError as err:
         verb = {"@": "multiplies", "+": "adds", "-": "subtracts", "*": "multiplies", "/": "divides"}[expr.op]
-        scope.sink.report(f"shape mismatch: {_text(expr)} {verb} {_named(expr.left, a)} "
-                          f"{'by' if expr.op in '@*/' else 'and'} {_named(expr.right, b)}: {err}", expr.loc)
+        scope.sink.report(
+            f"shape mismatch: {_text(expr)} {verb} {_named(expr.left, a)} "
+            f"{'by' if expr.op in '@*/' else 'and'} {_named(expr.right, b)}: {err}",
+            expr.loc,
+        )
         return None
     domain = max(a.domain, b.domain)
     return scope.builder.add(op, (left, right), shape, domain, loc=expr.loc)
@@ -367,8 +398,7 @@ def _children_visible(scope: _Scope, what: str, loc: SourceLoc) -> bool:
         scope.sink.report(f"{what} in a leaf block: leaves have no children", loc)
         return False
     if scope.kind == "output":
-        scope.sink.report(f"{what} in an output: outputs are computed from the node alone, without children",
-                          loc)
+        scope.sink.report(f"{what} in an output: outputs are computed from the node alone, without children", loc)
         return False
     return True
 
@@ -379,8 +409,7 @@ def _slice(scope: _Scope, expr: ast.Slice) -> int | None:
         return None
     v = _value(scope, base)
     if len(v.shape) != 1:
-        scope.sink.report(f"only vectors can be sliced, but {_text(expr.base)} is {fmt_shape(v.shape)}",
-                          expr.loc)
+        scope.sink.report(f"only vectors can be sliced, but {_text(expr.base)} is {fmt_shape(v.shape)}", expr.loc)
         return None
     dims = scope.decl.dim_map
     others = _other_names(scope)
@@ -405,18 +434,21 @@ def _index(scope: _Scope, expr: ast.Index) -> int | None:
         return None
     t, r = _value(scope, table), _value(scope, row)
     if t.op != Op.PARAM or len(t.shape) != 2:
-        sink.report(f"{_text(expr)}: only a param matrix can be indexed by an index input (E[word]); "
-                    "use a slice v[a:b] for part of a vector", expr_loc(expr.base))
+        sink.report(
+            f"{_text(expr)}: only a param matrix can be indexed by an index input (E[word]); "
+            "use a slice v[a:b] for part of a vector",
+            expr_loc(expr.base),
+        )
         return None
     if r.dtype != DType.I32:
-        sink.report(f"{_text(expr)}: the row must be an index input (declared 'input w : index[V]')",
-                    expr_loc(expr.index))
+        sink.report(
+            f"{_text(expr)}: the row must be an index input (declared 'input w : index[V]')", expr_loc(expr.index)
+        )
         return None
     rows = t.shape[0]
     index_range = next(i.index_range for i in scope.decl.inputs if i.name == r.attr("name"))
     if index_range is not None and index_range > rows:
-        sink.report(f"{_text(expr)}: {t.name} has {rows} rows but {r.name} ranges over [0, {index_range})",
-                    expr.loc)
+        sink.report(f"{_text(expr)}: {t.name} has {rows} rows but {r.name} ranges over [0, {index_range})", expr.loc)
         return None
     return scope.builder.add(Op.EMBED, (table, row), (t.shape[1],), max(t.domain, r.domain), loc=expr.loc)
 
@@ -445,8 +477,7 @@ def _child_all(scope: _Scope, expr: ast.ChildAll) -> int | None:
     state = _state_named(scope, expr.state, expr.loc)
     if state is None:
         return None
-    return scope.builder.add(Op.CHILD_STATE, (), state.shape, Domain.CHILD, (("name", state.name),),
-                             loc=expr.loc)
+    return scope.builder.add(Op.CHILD_STATE, (), state.shape, Domain.CHILD, (("name", state.name),), loc=expr.loc)
 
 
 def _child_at(scope: _Scope, expr: ast.ChildAt) -> int | None:
@@ -455,15 +486,18 @@ def _child_at(scope: _Scope, expr: ast.ChildAt) -> int | None:
         return None
     arity = scope.decl.arity
     if arity is None:
-        scope.sink.report(f"{text} needs a cell with an arity, e.g. 'on tree(arity = 2)'; "
-                          f"use child.{expr.state} for every child", expr.loc)
+        scope.sink.report(
+            f"{text} needs a cell with an arity, e.g. 'on tree(arity = 2)'; use child.{expr.state} for every child",
+            expr.loc,
+        )
         return None
     k = const_int(expr.k, scope.decl.dim_map, scope.sink, "a child number", _other_names(scope))
     if k is None:
         return None
     if not 0 <= k < arity:
-        scope.sink.report(f"{text} is out of the declared arity {arity} (children are numbered 0 to "
-                          f"{arity - 1})", expr.k.loc)
+        scope.sink.report(
+            f"{text} is out of the declared arity {arity} (children are numbered 0 to {arity - 1})", expr.k.loc
+        )
         return None
     state = _state_named(scope, expr.state, expr.loc)
     if state is None:

@@ -95,8 +95,9 @@ def _lead(x: np.ndarray, value: Value, count: int) -> np.ndarray:
     return np.broadcast_to(x, (count, *x.shape))
 
 
-def eval_value(value: Value, args: list[np.ndarray], arg_values: list[Value], node: _Node,
-               batched: bool = False) -> np.ndarray:
+def eval_value(
+    value: Value, args: list[np.ndarray], arg_values: list[Value], node: _Node, batched: bool = False
+) -> np.ndarray:
     """The rule of one op. ``batched`` marks leading-axis operands (children, or nodes in read-outs)."""
     op = value.op
     if op == Op.PARAM:
@@ -179,8 +180,9 @@ def eval_body(body: Body, node: _Node) -> list[np.ndarray]:
     return results
 
 
-def run(cell: Cell, forest: Forest, params: Mapping[str, np.ndarray], inputs: Mapping[str, object],
-        dtype=np.float32) -> dict[str, np.ndarray]:
+def run(
+    cell: Cell, forest: Forest, params: Mapping[str, np.ndarray], inputs: Mapping[str, object], dtype=np.float32
+) -> dict[str, np.ndarray]:
     """Every state (`[N, ...]` in the forest's node order) and every output of the cell.
 
     ``dtype`` is float32 like the compiled code, or float64 for gradient checks.
@@ -219,9 +221,15 @@ def _readout(body: Body, rows: np.ndarray, states, inputs, params, dtype) -> np.
     return result
 
 
-def backward(cell: Cell, forest: Forest, params: Mapping[str, np.ndarray], inputs: Mapping[str, object],
-             states: Mapping[str, np.ndarray], upstream: Mapping[str, np.ndarray],
-             dtype=np.float32) -> dict[str, np.ndarray]:
+def backward(
+    cell: Cell,
+    forest: Forest,
+    params: Mapping[str, np.ndarray],
+    inputs: Mapping[str, object],
+    states: Mapping[str, np.ndarray],
+    upstream: Mapping[str, np.ndarray],
+    dtype=np.float32,
+) -> dict[str, np.ndarray]:
     """Gradients of every param and float input, one node at a time, parents before children.
 
     `cell` must carry `grads` (the `autodiff` pass); `states` are the forward's

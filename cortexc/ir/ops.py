@@ -73,13 +73,10 @@ class Domain(enum.IntEnum):
 
 
 LEAF_OPS = frozenset(
-    {Op.PARAM, Op.INPUT, Op.STATE, Op.CHILD_STATE, Op.CHILD_STATE_AT, Op.HOISTED, Op.CONST, Op.ADJOINT,
-     Op.NUM_CHILDREN}
+    {Op.PARAM, Op.INPUT, Op.STATE, Op.CHILD_STATE, Op.CHILD_STATE_AT, Op.HOISTED, Op.CONST, Op.ADJOINT, Op.NUM_CHILDREN}
 )
 BINARY_OPS = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.EQ})
-UNARY_OPS = frozenset(
-    {Op.NEG, Op.SIGMOID, Op.TANH, Op.RELU, Op.EXP, Op.LOG, Op.ABS, Op.SOFTPLUS, Op.STEP, Op.SIGN}
-)
+UNARY_OPS = frozenset({Op.NEG, Op.SIGMOID, Op.TANH, Op.RELU, Op.EXP, Op.LOG, Op.ABS, Op.SOFTPLUS, Op.STEP, Op.SIGN})
 ELEMENTWISE_OPS = BINARY_OPS | UNARY_OPS
 VECTOR_OPS = frozenset({Op.SOFTMAX, Op.LOG_SOFTMAX})
 REDUCE_OPS = frozenset({Op.SUM, Op.MEAN, Op.MAX})
@@ -136,11 +133,12 @@ def concat_shape(shapes: list[Shape]) -> Shape:
     if ranks == {2}:
         cols = {s[1] for s in shapes}
         if len(cols) != 1:
-            raise ShapeError("matrices stacked by rows need the same number of columns, got "
-                             + ", ".join(fmt_shape(s) for s in shapes))
+            raise ShapeError(
+                "matrices stacked by rows need the same number of columns, got "
+                + ", ".join(fmt_shape(s) for s in shapes)
+            )
         return (sum(s[0] for s in shapes), shapes[0][1])
-    raise ShapeError("concat takes all vectors or all matrices, got "
-                     + ", ".join(fmt_shape(s) for s in shapes))
+    raise ShapeError("concat takes all vectors or all matrices, got " + ", ".join(fmt_shape(s) for s in shapes))
 
 
 def slice_shape(shape: Shape, lo: int, hi: int) -> Shape:

@@ -46,8 +46,9 @@ def verify_cell(cell: Cell, stage: str = "") -> Cell:
             raise IRVerifyError(f"{cell.name}.output {out.name}{where}: must produce exactly '{out.name}'")
         result = out.body.values[out.body.result(out.name)]
         if result.shape != out.shape:
-            raise IRVerifyError(f"{cell.name}.output {out.name}{where}: result shape {result.shape} "
-                                f"!= declared {out.shape}")
+            raise IRVerifyError(
+                f"{cell.name}.output {out.name}{where}: result shape {result.shape} != declared {out.shape}"
+            )
     return cell
 
 
@@ -94,8 +95,7 @@ def _verify_grad_result(cell: Cell, name: str, value: Value, where: str) -> None
     except (KeyError, IndexError, AttributeError):
         raise IRVerifyError(f"{where}: unknown gradient result {name}") from None
     if value.shape != shape or value.domain not in domains:
-        raise IRVerifyError(f"{where}: gradient {name} has shape {value.shape} {value.domain.name}, "
-                            f"expected {shape}")
+        raise IRVerifyError(f"{where}: gradient {name} has shape {value.shape} {value.domain.name}, expected {shape}")
 
 
 def _verify_body(cell: Cell, body: Body, kind: BodyKind, where: str, role: BodyKind | None = None) -> None:
@@ -119,8 +119,10 @@ def _verify_body(cell: Cell, body: Body, kind: BodyKind, where: str, role: BodyK
         for name, index in body.results:
             _expect(body.values[index].domain == Domain.NODE, f"pre result {name} is not per-node")
         for value in body.values:
-            _expect(value.op not in (Op.CHILD_STATE, Op.CHILD_STATE_AT, Op.STATE, Op.HOISTED),
-                    f"the pre body reads {value.op.value}")
+            _expect(
+                value.op not in (Op.CHILD_STATE, Op.CHILD_STATE_AT, Op.STATE, Op.HOISTED),
+                f"the pre body reads {value.op.value}",
+            )
     if kind in (BodyKind.LEAF, BodyKind.NODE):
         names = tuple(name for name, _ in body.results)
         expected = tuple(s.name for s in cell.states)
@@ -219,8 +221,25 @@ def _verify_value(cell: Cell, body: Body, index: int, value: Value, role: BodyKi
 
 
 _ARG_COUNT = {
-    Op.PARAM: 0, Op.INPUT: 0, Op.STATE: 0, Op.HOISTED: 0, Op.CHILD_STATE: 0, Op.CHILD_STATE_AT: 0, Op.CONST: 0,
-    **{op: 2 for op in BINARY_OPS}, **{op: 1 for op in UNARY_OPS}, **{op: 1 for op in VECTOR_OPS},
-    Op.MATMUL: 2, Op.SLICE: 1, Op.EMBED: 2, Op.EXPAND: 1, **{op: 1 for op in REDUCE_OPS},
-    Op.ADJOINT: 0, Op.NUM_CHILDREN: 0, Op.TRANSPOSE: 1, Op.OUTER: 2, Op.ROWSUM: 1, Op.PAD: 1,
+    Op.PARAM: 0,
+    Op.INPUT: 0,
+    Op.STATE: 0,
+    Op.HOISTED: 0,
+    Op.CHILD_STATE: 0,
+    Op.CHILD_STATE_AT: 0,
+    Op.CONST: 0,
+    **{op: 2 for op in BINARY_OPS},
+    **{op: 1 for op in UNARY_OPS},
+    **{op: 1 for op in VECTOR_OPS},
+    Op.MATMUL: 2,
+    Op.SLICE: 1,
+    Op.EMBED: 2,
+    Op.EXPAND: 1,
+    **{op: 1 for op in REDUCE_OPS},
+    Op.ADJOINT: 0,
+    Op.NUM_CHILDREN: 0,
+    Op.TRANSPOSE: 1,
+    Op.OUTER: 2,
+    Op.ROWSUM: 1,
+    Op.PAD: 1,
 }

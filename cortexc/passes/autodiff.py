@@ -105,8 +105,9 @@ class _Reverse:
     def run(self) -> Body:
         for value in self.forward.values:
             args = tuple(self.copy[a] for a in value.args)
-            self.copy.append(self.b.add(value.op, args, value.shape, value.domain, value.attrs, value.dtype,
-                                        loc=value.loc))
+            self.copy.append(
+                self.b.add(value.op, args, value.shape, value.domain, value.attrs, value.dtype, loc=value.loc)
+            )
         for name, index in self.forward.results:
             value = self.forward.values[index]
             seed = self.b.add(Op.ADJOINT, (), value.shape, Domain.NODE, (("name", name),))

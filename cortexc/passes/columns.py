@@ -53,9 +53,11 @@ def _analyse(kernel: Kernel) -> tuple[ColumnSplit | None, str]:
         return None, "a gradient kernel (accumulations, added stores)"
     computed = [places[i].kind != PlaceKind.SOURCE for i in range(len(values))]
     gemms = [s for s in kernel.steps if isinstance(s, Gemm)]
-    members = {i for i, v in enumerate(values)
-               if v.op == Op.MATMUL and places[i].kind == PlaceKind.BUFFER
-               and any(places[i].buffer == g.out for g in gemms)}
+    members = {
+        i
+        for i, v in enumerate(values)
+        if v.op == Op.MATMUL and places[i].kind == PlaceKind.BUFFER and any(places[i].buffer == g.out for g in gemms)
+    }
 
     full: set[int] = {g.operand for g in gemms}
     for index, value in enumerate(values):

@@ -27,8 +27,9 @@ def hoist(cell: Cell) -> Cell:
     reads_children = [False] * len(node.values)
     heavy = [False] * len(node.values)
     for index, value in enumerate(node.values):
-        reads_children[index] = (value.op in CHILD_READ_OPS or value.domain == Domain.CHILD
-                                 or any(reads_children[a] for a in value.args))
+        reads_children[index] = (
+            value.op in CHILD_READ_OPS or value.domain == Domain.CHILD or any(reads_children[a] for a in value.args)
+        )
         heavy[index] = value.op in (Op.MATMUL, Op.EMBED) or any(heavy[a] for a in value.args)
 
     def hoistable(index: int) -> bool:
@@ -49,8 +50,9 @@ def hoist(cell: Cell) -> Cell:
         if index not in in_pre:
             value = node.values[index]
             args = tuple(copy_into_pre(a) for a in value.args)
-            in_pre[index] = pre_builder.add(value.op, args, value.shape, value.domain, value.attrs,
-                                            value.dtype, loc=value.loc)
+            in_pre[index] = pre_builder.add(
+                value.op, args, value.shape, value.domain, value.attrs, value.dtype, loc=value.loc
+            )
             if value.label:
                 pre_builder.label(in_pre[index], value.label)
         return in_pre[index]
@@ -67,8 +69,7 @@ def hoist(cell: Cell) -> Cell:
             new = node_builder.add(Op.HOISTED, (), value.shape, Domain.NODE, attrs, loc=value.loc)
         else:
             args = tuple(renumbered[a] for a in value.args)
-            new = node_builder.add(value.op, args, value.shape, value.domain, value.attrs, value.dtype,
-                                   loc=value.loc)
+            new = node_builder.add(value.op, args, value.shape, value.domain, value.attrs, value.dtype, loc=value.loc)
         if value.label:
             node_builder.label(new, value.label)
         renumbered.append(new)

@@ -123,16 +123,18 @@ def _gemm_groups(body: Body) -> dict[int, list[int]]:
     return dict(groups)
 
 
-def _accumulation_terms(body: Body, index: int, uses: list[int],
-                        rows: RowKind = RowKind.NODE) -> list[tuple[int, RowKind]]:
+def _accumulation_terms(
+    body: Body, index: int, uses: list[int], rows: RowKind = RowKind.NODE
+) -> list[tuple[int, RowKind]]:
     """A per-node param gradient as a sum of terms over rows: through `add`s and sums over children
     that nothing else uses (a value used elsewhere too is a term of its own)."""
     value = body.values[index]
     if uses[index] == 1:
         same_shapes = all(body.values[a].shape == value.shape for a in value.args)
         if value.op == Op.ADD and same_shapes:
-            return (_accumulation_terms(body, value.args[0], uses, rows)
-                    + _accumulation_terms(body, value.args[1], uses, rows))
+            return _accumulation_terms(body, value.args[0], uses, rows) + _accumulation_terms(
+                body, value.args[1], uses, rows
+            )
         if value.op == Op.SUM and rows == RowKind.NODE:
             return _accumulation_terms(body, value.args[0], uses, RowKind.CHILD)
     return [(index, row_kind(value) if rows == RowKind.NODE else rows)]
@@ -235,11 +237,13 @@ def _kernel(name: str, rows: Rows, body: Body, cell: Cell, packed: dict, adjoint
                 lefts = tuple(_gemm_left(body, values[m]) for m in members)
                 k = values[operand].shape[0]
                 if lefts not in packed:
-                    packed[lefts] = PackedWeight(f"w{len(packed)}", tuple(p for p, _ in lefts), total, k,
-                                                 tuple(t for _, t in lefts))
+                    packed[lefts] = PackedWeight(
+                        f"w{len(packed)}", tuple(p for p, _ in lefts), total, k, tuple(t for _, t in lefts)
+                    )
                 weight = packed[lefts]
-                steps.append(Gemm(group_buffer[operand], operand, weight.name, weight.params,
-                                  row_kind(value), k, total))
+                steps.append(
+                    Gemm(group_buffer[operand], operand, weight.name, weight.params, row_kind(value), k, total)
+                )
             column = sum(values[m].shape[0] for m in members[: members.index(index)])
             places.append(Place(PlaceKind.BUFFER, group_buffer[operand], column))
         elif op == Op.MATMUL:
@@ -293,6 +297,10 @@ def _kernel(name: str, rows: Rows, body: Body, cell: Cell, packed: dict, adjoint
             steps.append(Store(index, kind, rest[0], value_width, store_rows, mode, index_input=rest[1]))
         else:
             steps.append(Store(index, kind, rest[0], value_width, store_rows, mode))
-    child_ks = tuple(sorted({v.attr("k") for v in values if v.op == Op.CHILD_STATE_AT}
-                            | {s.k for s in steps if isinstance(s, Store) and s.target == "d_child_at"}))
+    child_ks = tuple(
+        sorted(
+            {v.attr("k") for v in values if v.op == Op.CHILD_STATE_AT}
+            | {s.k for s in steps if isinstance(s, Store) and s.target == "d_child_at"}
+        )
+    )
     return Kernel(name, rows, body, tuple(places), tuple(buffers), tuple(steps), child_ks, adjoints)

@@ -34,8 +34,13 @@ Lowered = int | _Zero | _Empty
 
 #: what an elementwise function gives at 0 (None: no constant; emit the op on an explicit zero)
 _AT_ZERO = {
-    Op.NEG: 0.0, Op.TANH: 0.0, Op.RELU: 0.0, Op.ABS: 0.0,
-    Op.SIGMOID: 0.5, Op.EXP: 1.0, Op.SOFTPLUS: math.log(2.0),
+    Op.NEG: 0.0,
+    Op.TANH: 0.0,
+    Op.RELU: 0.0,
+    Op.ABS: 0.0,
+    Op.SIGMOID: 0.5,
+    Op.EXP: 1.0,
+    Op.SOFTPLUS: math.log(2.0),
 }
 
 
@@ -73,8 +78,9 @@ def leaf_body(node: Body) -> Body:
     return body
 
 
-def _fold(value: Value, args: list[Lowered], arg_values: list[Value], builder: BodyBuilder,
-          materialize, const) -> Lowered:
+def _fold(
+    value: Value, args: list[Lowered], arg_values: list[Value], builder: BodyBuilder, materialize, const
+) -> Lowered:
     op = value.op
     if value.domain == Domain.CHILD:
         return EMPTY  # includes child.s, expand, and anything computed per child

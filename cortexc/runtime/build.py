@@ -21,14 +21,25 @@ from cortexc.errors import BuildError
 
 #: -ffast-math in full: glibc declares its vector expf/tanhf (libmvec) only under __FAST_MATH__, which any
 #: -fno-* refinement undefines; the kernels use -FLT_MAX, not -INFINITY, as the identity of max for that reason
-C_FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-shared",
-           "-std=gnu11", "-Wall", "-Wno-unused-function", "-Wno-unused-variable")
+C_FLAGS = (
+    "-O3",
+    "-march=native",
+    "-fopenmp",
+    "-ffast-math",
+    "-fPIC",
+    "-shared",
+    "-std=gnu11",
+    "-Wall",
+    "-Wno-unused-function",
+    "-Wno-unused-variable",
+)
 C_LIBS = ("-lm",)  # last on the line: vector math from -ffast-math needs libm after the objects
 
 
 def cache_dir() -> Path:
     root = os.environ.get("CORTEXC_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cortexc")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cortexc"
+    )
     path = Path(root)
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -50,8 +61,13 @@ def build_key(source: str, flags: tuple[str, ...], compiler: str) -> str:
     return digest.hexdigest()[:24]
 
 
-def build_shared(source: str, name: str, source_path: str | os.PathLike | None = None,
-                 compiler: str | None = None, flags: tuple[str, ...] = C_FLAGS) -> Path:
+def build_shared(
+    source: str,
+    name: str,
+    source_path: str | os.PathLike | None = None,
+    compiler: str | None = None,
+    flags: tuple[str, ...] = C_FLAGS,
+) -> Path:
     """The path of the shared library built from `source` (from the cache when it is there).
 
     `source_path` is where the generated source lives for the user (named in errors).

@@ -81,8 +81,7 @@ def packed_weights(lib: ctypes.CDLL, spec: Mapping[str, Any], params: Mapping[st
 class Saved:
     """What a forward keeps for the backward: the full state arrays (with the zero row) and hoisted rows."""
 
-    def __init__(self, lin: Linearized, inputs: list[np.ndarray], states: list[np.ndarray],
-                 hoisted: list[np.ndarray]):
+    def __init__(self, lin: Linearized, inputs: list[np.ndarray], states: list[np.ndarray], hoisted: list[np.ndarray]):
         self.lin = lin
         self.inputs = inputs
         self.states = states
@@ -120,8 +119,14 @@ class CpuExecutor:
         self._params = [np.ascontiguousarray(params[name], dtype=np.float32) for name in abi["params"]]
         self._packed = packed_weights(self.lib, self.spec, params)
 
-    def _call(self, lin: Linearized, input_arrays: list[np.ndarray], states: list[np.ndarray],
-              hoisted: list[np.ndarray], outputs: list[np.ndarray]) -> tuple[CxCall, list[Any]]:
+    def _call(
+        self,
+        lin: Linearized,
+        input_arrays: list[np.ndarray],
+        states: list[np.ndarray],
+        hoisted: list[np.ndarray],
+        outputs: list[np.ndarray],
+    ) -> tuple[CxCall, list[Any]]:
         """The `cx_call` struct over these arrays, and the pointer tables that must outlive it."""
         call = CxCall(
             num_nodes=lin.num_nodes,
@@ -146,8 +151,9 @@ class CpuExecutor:
             setattr(call, field, ctypes.cast(table, _P))
         return call, list(tables.values())
 
-    def forward(self, lin: Linearized, inputs: Mapping[str, np.ndarray],
-                keep: bool = False, host: bool = True) -> tuple[dict[str, np.ndarray], Saved | None]:
+    def forward(
+        self, lin: Linearized, inputs: Mapping[str, np.ndarray], keep: bool = False, host: bool = True
+    ) -> tuple[dict[str, np.ndarray], Saved | None]:
         """States and outputs; with `keep`, also what `backward` needs. (`host`: the results are in host
         memory here anyway.)"""
         abi = self.spec["abi"]
@@ -167,16 +173,19 @@ class CpuExecutor:
         result.update(zip(abi["outputs"], outputs))
         return result, (Saved(lin, input_arrays, states, hoisted) if keep else None)
 
-    def backward(self, saved: Saved, upstream: Mapping[str, np.ndarray],
-                 param_shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    def backward(
+        self, saved: Saved, upstream: Mapping[str, np.ndarray], param_shapes: Mapping[str, tuple[int, ...]]
+    ) -> dict[str, np.ndarray]:
         """Gradients of every param and float input from upstream gradients of states and outputs."""
         abi = self.spec["abi"]
         lin = saved.lin
         n = lin.num_nodes
         d_params = [np.zeros(param_shapes[name], np.float32) for name in abi["params"]]
         input_specs = {i["name"]: i for i in self.spec["inputs"]}
-        d_inputs = [None if input_specs[name]["dtype"] == "int32" else np.zeros_like(array)
-                    for name, array in zip(abi["inputs"], saved.inputs)]
+        d_inputs = [
+            None if input_specs[name]["dtype"] == "int32" else np.zeros_like(array)
+            for name, array in zip(abi["inputs"], saved.inputs)
+        ]
         d_states = []
         for name, state in zip(abi["states"], saved.states):
             d_state = np.zeros_like(state)
@@ -184,12 +193,19 @@ class CpuExecutor:
                 d_state[:n] = upstream[name]
             d_states.append(d_state)
         d_hoisted = [np.zeros_like(h) for h in saved.hoisted]
-        upstream_outputs = [None if name not in upstream else np.ascontiguousarray(upstream[name], np.float32)
-                            for name in abi["outputs"]]
+        upstream_outputs = [
+            None if name not in upstream else np.ascontiguousarray(upstream[name], np.float32)
+            for name in abi["outputs"]
+        ]
         outputs = [np.empty(0, np.float32) for _ in abi["outputs"]]
         call, _tables = self._call(lin, saved.inputs, saved.states, saved.hoisted, outputs)
-        grad_tables = [_pointers(d_params), _pointers(d_inputs), _pointers(d_states), _pointers(d_hoisted),
-                       _pointers(upstream_outputs)]
+        grad_tables = [
+            _pointers(d_params),
+            _pointers(d_inputs),
+            _pointers(d_states),
+            _pointers(d_hoisted),
+            _pointers(upstream_outputs),
+        ]
         grad = CxGrad(*(ctypes.cast(table, _P) for table in grad_tables))
         if n:
             mask = sum(1 << index for index, array in enumerate(upstream_outputs) if array is not None)

@@ -129,8 +129,12 @@ class ArenaPool:
         self.owned, self.idle = [], []
 
 
-def _layout(uploads: Mapping[str, np.ndarray], tables: Mapping[str, int], struct: tuple[str, int],
-            zeroed: Mapping[str, tuple[int, ...]]) -> tuple[Layout, int]:
+def _layout(
+    uploads: Mapping[str, np.ndarray],
+    tables: Mapping[str, int],
+    struct: tuple[str, int],
+    zeroed: Mapping[str, tuple[int, ...]],
+) -> tuple[Layout, int]:
     """One call's arena: the uploaded arrays, the pointer tables (their entry counts) and the call's struct
     first (one copy up), then the float32 arrays to zero (one memset); also where the zeroed part starts."""
     layout = Layout()
@@ -145,8 +149,13 @@ def _layout(uploads: Mapping[str, np.ndarray], tables: Mapping[str, int], struct
     return layout, uploaded
 
 
-def _staging(layout: Layout, uploaded: int, uploads: Mapping[str, np.ndarray],
-             tables: Mapping[str, list[int]], struct: tuple[str, ctypes.Structure]) -> np.ndarray:
+def _staging(
+    layout: Layout,
+    uploaded: int,
+    uploads: Mapping[str, np.ndarray],
+    tables: Mapping[str, list[int]],
+    struct: tuple[str, ctypes.Structure],
+) -> np.ndarray:
     """The host bytes of the uploaded part of an arena."""
     staging = np.zeros(uploaded, np.uint8)
     pieces = list(uploads.items())
@@ -154,7 +163,7 @@ def _staging(layout: Layout, uploaded: int, uploads: Mapping[str, np.ndarray],
     pieces.append((struct[0], np.frombuffer(bytes(struct[1]), np.uint8)))
     for key, array in pieces:
         offset = layout.offsets[key]
-        staging[offset:offset + array.nbytes] = _bytes(array)
+        staging[offset : offset + array.nbytes] = _bytes(array)
     return staging
 
 
@@ -162,8 +171,16 @@ class DeviceSaved:
     """What a forward keeps for its backward: its arena (returned to the pool when this is dropped),
     the `cx_call` over it, and the shapes of what lives there."""
 
-    def __init__(self, lin: Linearized, call: CxCall, device_call: int, layout: Layout, base: int,
-                 inputs: dict[str, np.ndarray], hoisted_shapes: list[tuple[int, int]]):
+    def __init__(
+        self,
+        lin: Linearized,
+        call: CxCall,
+        device_call: int,
+        layout: Layout,
+        base: int,
+        inputs: dict[str, np.ndarray],
+        hoisted_shapes: list[tuple[int, int]],
+    ):
         self.lin = lin
         self.call = call
         self.device_call = device_call
@@ -182,8 +199,13 @@ class DeviceExecutor:
         self.lib.cx_forward.argtypes = [ctypes.POINTER(CxCall), ctypes.c_void_p, ctypes.c_void_p]
         self.lib.cx_forward.restype = ctypes.c_int
         if hasattr(self.lib, "cx_backward"):
-            self.lib.cx_backward.argtypes = [ctypes.POINTER(CxCall), ctypes.c_void_p, ctypes.c_void_p,
-                                             ctypes.c_void_p, ctypes.c_int64]
+            self.lib.cx_backward.argtypes = [
+                ctypes.POINTER(CxCall),
+                ctypes.c_void_p,
+                ctypes.c_void_p,
+                ctypes.c_void_p,
+                ctypes.c_int64,
+            ]
             self.lib.cx_backward.restype = ctypes.c_int
         self.memory = DeviceMemory(self.lib)
         self.pool = ArenaPool(self.memory)
@@ -204,7 +226,7 @@ class DeviceExecutor:
         staging = np.zeros(layout.size, np.uint8)
         for index, array in enumerate(arrays):
             offset = layout.offsets[str(index)]
-            staging[offset:offset + array.nbytes] = _bytes(array)
+            staging[offset : offset + array.nbytes] = _bytes(array)
         block = self.memory.alloc(layout.size)
         self.pool.owned.append(block)  # freed with the pool
         self.memory.upload(block, staging)
@@ -213,14 +235,16 @@ class DeviceExecutor:
             self.memory.free(self._param_block)
         self._param_block = block
         addresses = [block + layout.offsets[str(i)] for i in range(len(arrays))]
-        self._param_addresses, self._packed_addresses = addresses[:len(names)], addresses[len(names):]
+        self._param_addresses, self._packed_addresses = addresses[: len(names)], addresses[len(names) :]
 
     # --- forward -----------------------------------------------------------------
-    def forward(self, lin: Linearized, inputs: Mapping[str, np.ndarray], keep: bool = False,
-                host: bool = True) -> tuple[dict[str, Any], DeviceSaved | None]:
+    def forward(
+        self, lin: Linearized, inputs: Mapping[str, np.ndarray], keep: bool = False, host: bool = True
+    ) -> tuple[dict[str, Any], DeviceSaved | None]:
         abi, n = self.spec["abi"], lin.num_nodes
-        uploads = {field: getattr(lin, field) for field in ("level_order", "level_ptr", "edge_ptr", "edge_child",
-                                                              "roots")}
+        uploads = {
+            field: getattr(lin, field) for field in ("level_order", "level_ptr", "edge_ptr", "edge_child", "roots")
+        }
         uploads |= {f"input/{name}": np.ascontiguousarray(inputs[name]) for name in abi["inputs"]}
         shapes: dict[str, tuple[int, ...]] = {}
         for name, shape in zip(abi["states"], self.spec["state_shapes"]):
@@ -244,24 +268,31 @@ class DeviceExecutor:
 
         size, base = self.pool.take(layout.size)
         try:
+
             def at(key: str) -> int:
                 return base + layout.offsets[key]
 
             addresses = {"params": self._param_addresses, "packed": self._packed_addresses}
             addresses |= {table: [at(key) for key in keys] for table, keys in arena_tables.items()}
-            call = CxCall(num_nodes=n, num_levels=lin.num_levels, max_children=lin.max_children,
-                          num_roots=len(lin.roots),
-                          **{field: at(field) for field in uploads if "/" not in field},
-                          **{table: at(f"table/{table}") for table in counts})
+            call = CxCall(
+                num_nodes=n,
+                num_levels=lin.num_levels,
+                max_children=lin.max_children,
+                num_roots=len(lin.roots),
+                **{field: at(field) for field in uploads if "/" not in field},
+                **{table: at(f"table/{table}") for table in counts},
+            )
             self.memory.upload(base, _staging(layout, uploaded, uploads, addresses, ("call", call)))
             self.memory.zero(base + uploaded, layout.size - uploaded)
-            if n and (status := self.lib.cx_forward(ctypes.byref(call), at("call"),
-                                                     lin.level_ptr.ctypes.data)) != 0:
+            if n and (status := self.lib.cx_forward(ctypes.byref(call), at("call"), lin.level_ptr.ctypes.data)) != 0:
                 raise CortexcError(f"the CUDA forward failed with cudaError {status}")
 
             # a state's first n rows (row n is the zero row missing children read)
-            result_shapes = {key: (n, *shape[1:]) if key.startswith("state/") else shape
-                             for key, shape in shapes.items() if not key.startswith("hoisted/")}
+            result_shapes = {
+                key: (n, *shape[1:]) if key.startswith("state/") else shape
+                for key, shape in shapes.items()
+                if not key.startswith("hoisted/")
+            }
             if host:
                 result = self._download(layout, base, result_shapes)
             else:
@@ -291,7 +322,7 @@ class DeviceExecutor:
         for key, shape in shapes.items():
             offset = layout.offsets[key] - start
             nbytes = 4 * int(np.prod(shape))
-            arrays[key] = buffer[offset:offset + nbytes].view(np.float32).reshape(shape)
+            arrays[key] = buffer[offset : offset + nbytes].view(np.float32).reshape(shape)
         return arrays
 
     def _on_device(self, where: Mapping[str, tuple[int, tuple[int, ...]]]) -> dict[str, Any]:
@@ -304,8 +335,9 @@ class DeviceExecutor:
         return arrays
 
     # --- backward ----------------------------------------------------------------
-    def backward(self, saved: DeviceSaved, upstream: Mapping[str, np.ndarray],
-                 param_shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    def backward(
+        self, saved: DeviceSaved, upstream: Mapping[str, np.ndarray], param_shapes: Mapping[str, tuple[int, ...]]
+    ) -> dict[str, np.ndarray]:
         abi, lin = self.spec["abi"], saved.lin
         n = lin.num_nodes
         index_inputs = {i["name"] for i in self.spec["inputs"] if i["dtype"] == "int32"}
@@ -338,23 +370,37 @@ class DeviceExecutor:
         }
 
         # d_params, then d_inputs: the results are one span
-        layout, uploaded = _layout(uploads, {table: len(keys) for table, keys in tables.items()},
-                                   ("grad", ctypes.sizeof(CxGrad)), zeroed)
+        layout, uploaded = _layout(
+            uploads, {table: len(keys) for table, keys in tables.items()}, ("grad", ctypes.sizeof(CxGrad)), zeroed
+        )
 
         size, base = self.pool.take(layout.size)
         try:
-            addresses = {table: [0 if key is None else base + layout.offsets[key] for key in keys]
-                         for table, keys in tables.items()}
+            addresses = {
+                table: [0 if key is None else base + layout.offsets[key] for key in keys]
+                for table, keys in tables.items()
+            }
             grad = CxGrad(*(base + layout.offsets[f"table/{table}"] for table in tables))
             self.memory.upload(base, _staging(layout, uploaded, uploads, addresses, ("grad", grad)))
             self.memory.zero(base + uploaded, layout.size - uploaded)
             mask = sum(1 << index for index, name in enumerate(abi["outputs"]) if name in upstream)
-            if n and (status := self.lib.cx_backward(ctypes.byref(saved.call), saved.device_call,
-                                                      base + layout.offsets["grad"], lin.level_ptr.ctypes.data,
-                                                      mask)) != 0:
+            if (
+                n
+                and (
+                    status := self.lib.cx_backward(
+                        ctypes.byref(saved.call),
+                        saved.device_call,
+                        base + layout.offsets["grad"],
+                        lin.level_ptr.ctypes.data,
+                        mask,
+                    )
+                )
+                != 0
+            ):
                 raise CortexcError(f"the CUDA backward failed with cudaError {status}")
-            arrays = self._download(layout, base, {key: shape for key, shape in zeroed.items()
-                                                   if key.startswith(("d_param/", "d_input/"))})
+            arrays = self._download(
+                layout, base, {key: shape for key, shape in zeroed.items() if key.startswith(("d_param/", "d_input/"))}
+            )
         finally:
             self.pool.give_back((size, base))
         return {key.split("/", 1)[1]: array for key, array in arrays.items()}

@@ -32,8 +32,7 @@ def import_package(package_dir: Path) -> ModuleType:
     return module
 
 
-def load_cell_file(path: str | os.PathLike, out_dir: str | os.PathLike | None,
-                   dims: Mapping[str, int]) -> ModuleType:
+def load_cell_file(path: str | os.PathLike, out_dir: str | os.PathLike | None, dims: Mapping[str, int]) -> ModuleType:
     from cortexc.codegen.module import write_package
 
     source = Path(path).read_text(encoding="utf-8")

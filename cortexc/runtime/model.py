@@ -49,8 +49,10 @@ class CellModel:
             raise CortexcError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
         target = {"cpu": "c", "cuda": "cuda", "cuda-emu": "cuda"}.get(device)
         if target is not None and target not in type(self)._kernel_sources:
-            raise CortexcError(f"device={device!r} needs the {target} kernels, which this package was compiled "
-                               f"without (cortexc compile --target {'cpu' if target == 'c' else 'cuda'} or all)")
+            raise CortexcError(
+                f"device={device!r} needs the {target} kernels, which this package was compiled "
+                f"without (cortexc compile --target {'cpu' if target == 'c' else 'cuda'} or all)"
+            )
         self.device = device
         self._params = _frozen(init_params(self.cell, seed))
         self._executor = None
@@ -161,8 +163,9 @@ def load_package(directory: str | os.PathLike) -> dict[str, type[CellModel]]:
 
     directory = Path(directory)
     description = json.loads((directory / "cell.json").read_text(encoding="utf-8"))
-    cells = {c.name: c for c in compile_source(description["source"], description["source_file"],
-                                               description["defines"])}
+    cells = {
+        c.name: c for c in compile_source(description["source"], description["source_file"], description["defines"])
+    }
     classes: dict[str, type[CellModel]] = {}
     for spec in description["cells"]:
         sources = {}
@@ -170,8 +173,10 @@ def load_package(directory: str | os.PathLike) -> dict[str, type[CellModel]]:
             kernel_path = directory / file_name
             sources[target] = kernel_path.read_text(encoding="utf-8")
             if hashlib.sha256(sources[target].encode()).hexdigest() != spec["kernel_sha256"][target]:
-                raise CortexcError(f"{kernel_path} does not match {directory / 'cell.json'} (the package was "
-                                   "changed after it was generated): compile it again")
+                raise CortexcError(
+                    f"{kernel_path} does not match {directory / 'cell.json'} (the package was "
+                    "changed after it was generated): compile it again"
+                )
         attributes = {
             "_kernel_sources": sources,
             "_package": directory,

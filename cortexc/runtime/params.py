@@ -36,8 +36,9 @@ def init_params(cell: Cell, seed: int | None = 0, dtype=np.float32) -> dict[str,
     return {decl.name: init_param(decl, rng, dtype) for decl in cell.params}
 
 
-def check_params(cell: Cell, params: Mapping[str, np.ndarray] | str | os.PathLike,
-                 partial: bool = False, dtype=np.float32) -> dict[str, np.ndarray]:
+def check_params(
+    cell: Cell, params: Mapping[str, np.ndarray] | str | os.PathLike, partial: bool = False, dtype=np.float32
+) -> dict[str, np.ndarray]:
     """Params by name (or an `.npz` path) as contiguous arrays, every shape checked.
 
     With ``partial`` only the given names are checked (for `load_params` of a subset).
@@ -48,8 +49,7 @@ def check_params(cell: Cell, params: Mapping[str, np.ndarray] | str | os.PathLik
     declared = {decl.name: decl for decl in cell.params}
     unknown = sorted(set(params) - set(declared))
     if unknown:
-        raise InputError(f"cell {cell.name} has no param {', '.join(unknown)} "
-                         f"(its params: {', '.join(declared)})")
+        raise InputError(f"cell {cell.name} has no param {', '.join(unknown)} (its params: {', '.join(declared)})")
     missing = [name for name in declared if name not in params]
     if missing and not partial:
         raise InputError(f"missing params for cell {cell.name}: {', '.join(missing)}")

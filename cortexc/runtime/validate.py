@@ -21,14 +21,15 @@ def check_forest(cell: Cell, forest: Forest) -> None:
     forest.check_structure(is_dag=cell.structure == Structure.DAG, arity=cell.arity, cell_name=cell.name)
 
 
-def check_inputs(cell: Cell, forest: Forest, inputs: Mapping[str, object],
-                 dtype=np.float32) -> dict[str, np.ndarray]:
+def check_inputs(cell: Cell, forest: Forest, inputs: Mapping[str, object], dtype=np.float32) -> dict[str, np.ndarray]:
     """The inputs as contiguous arrays: float ones as `dtype` `[N, X]`, index ones as int32 `[N]`."""
     declared = {decl.name: decl for decl in cell.inputs}
     unknown = sorted(set(inputs) - set(declared))
     if unknown:
-        raise InputError(f"cell {cell.name} has no input {', '.join(repr(u) for u in unknown)} "
-                         f"(its inputs: {', '.join(declared) or 'none'})")
+        raise InputError(
+            f"cell {cell.name} has no input {', '.join(repr(u) for u in unknown)} "
+            f"(its inputs: {', '.join(declared) or 'none'})"
+        )
     missing = [name for name in declared if name not in inputs]
     if missing:
         raise InputError(f"missing input {', '.join(repr(m) for m in missing)} for cell {cell.name}")
@@ -44,14 +45,15 @@ def check_inputs(cell: Cell, forest: Forest, inputs: Mapping[str, object],
             bad = np.flatnonzero((array < 0) | (array >= decl.index_range))
             if bad.size:
                 node = int(bad[0])
-                raise InputError(f"input {name}: node {node} has index {int(array[node])}, outside "
-                                 f"[0, {decl.index_range}) ({bad.size} nodes out of range)")
+                raise InputError(
+                    f"input {name}: node {node} has index {int(array[node])}, outside "
+                    f"[0, {decl.index_range}) ({bad.size} nodes out of range)"
+                )
             checked[name] = np.ascontiguousarray(array, dtype=np.int32)
         else:
             expected = (n, *decl.shape)
             if array.shape != expected:
-                raise InputError(f"input {name} must have shape {expected} (one row per node), "
-                                 f"got {array.shape}")
+                raise InputError(f"input {name} must have shape {expected} (one row per node), got {array.shape}")
             if not np.issubdtype(array.dtype, np.floating):
                 raise InputError(f"input {name} must be float32, got dtype {array.dtype}")
             checked[name] = np.ascontiguousarray(array, dtype=dtype)
