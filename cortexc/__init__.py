@@ -2,7 +2,13 @@
 
 The public surface: compile `.cell` files to IR cells, build forests, run a
 cell with the reference interpreter, and the typed errors.
+
+Importing cortexc loads only the runtime: the compiler (front end, passes,
+code generators, Lark, Jinja2) is imported on first use of `compile_file`,
+`compile_source` or `load`, so a generated package runs without it.
 """
+
+from typing import Any
 
 from cortexc.errors import (
     BuildError,
@@ -15,7 +21,6 @@ from cortexc.errors import (
     InputError,
     SourceLoc,
 )
-from cortexc.pipeline import compile_file, compile_source
 from cortexc.runtime.forest import Forest
 from cortexc.runtime.params import init_params
 from cortexc.runtime.vocab import Vocab
@@ -40,7 +45,7 @@ __all__ = [
 ]
 
 
-def load(path, out_dir=None, **dims):
+def load(path: Any, out_dir: Any = None, **dims: int) -> Any:
     """Compile a `.cell` file (with dim overrides) and import the generated package.
 
     The package is written to `out_dir` (default: a directory in the cortexc
@@ -53,3 +58,11 @@ def load(path, out_dir=None, **dims):
 
 
 __all__ += ["load"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("compile_file", "compile_source"):
+        from cortexc import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(f"module 'cortexc' has no attribute {name!r}")

@@ -15,10 +15,14 @@ from pathlib import Path
 import numpy as np
 
 from cortexc.errors import CortexcError, DimError
-from cortexc.frontend import lower_source
 from cortexc.ir.cell import Cell
 from cortexc.ir.ops import fmt_shape
-from cortexc.pipeline import compile_file
+from cortexc.options import KNOWN_TARGETS, CompileOptions
+from cortexc.runtime.backends import BACKENDS, targets_of
+from cortexc.runtime.signature import CellSignature
+
+#: `cortexc compile --target`: a device's kernels, or every target's
+TARGET_CHOICES = {**{d: targets_of((d,)) for d in BACKENDS if BACKENDS[d].target is not None}, "all": KNOWN_TARGETS}
 
 
 def parse_defines(items: list[str]) -> dict[str, int]:
@@ -61,9 +65,12 @@ def summarize(cell: Cell) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    defines = parse_defines(args.define)
-    compile_file(args.file, defines, args.dump_ir)  # every stage, so that check fails where compile would
-    cells = lower_source(Path(args.file).read_text(encoding="utf-8"), args.file, defines)  # as written
+    from cortexc.pipeline import Source, compile_package, run_stages
+
+    source = Path(args.file).read_text(encoding="utf-8")
+    options = CompileOptions.make(parse_defines(args.define), KNOWN_TARGETS, args.dump_ir)
+    compile_package(source, args.file, options)  # every stage, so that check fails where compile would
+    cells = run_stages(Source(source, args.file), CompileOptions.make(options.define_map), until="lower")
     print(f"{args.file}: {len(cells)} cell{'s' if len(cells) != 1 else ''}, ok")
     for cell in cells:
         print(summarize(cell))
@@ -71,11 +78,11 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from cortexc.codegen.module import write_package
+    from cortexc.pipeline import write_package
 
     source = Path(args.file).read_text(encoding="utf-8")
-    targets = {"cpu": ("c",), "cuda": ("cuda",), "all": ("c", "cuda")}[args.target]
-    package = write_package(source, args.file, args.out, parse_defines(args.define), targets, args.dump_ir)
+    options = CompileOptions.make(parse_defines(args.define), TARGET_CHOICES[args.target], args.dump_ir)
+    package = write_package(source, args.file, args.out, options)
     files = ", ".join(sorted(p.name for p in package.iterdir()))
     print(f"wrote {package}/ ({files})")
     return 0
@@ -88,7 +95,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     defines = parse_defines(args.define)
     module = load_cell_file(args.file, None, defines)
-    cells = [getattr(module, name).cell for name in module.__all__]
+    cells = [getattr(module, name).signature for name in module.__all__]
     cell = _pick_cell(cells, args.cell)
     started = time.perf_counter()
     if args.trees:
@@ -126,7 +133,7 @@ def _timed(model, forest, inputs) -> float:
     return time.perf_counter() - started
 
 
-def _demo_inputs(cell: Cell, forest, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def _demo_inputs(cell: CellSignature, forest, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Inputs for a demo run: random features, and word ids from the trees' words when there are any."""
     from cortexc.runtime.vocab import Vocab
 
@@ -144,7 +151,7 @@ def _demo_inputs(cell: Cell, forest, rng: np.random.Generator) -> dict[str, np.n
     return inputs
 
 
-def _pick_cell(cells: list[Cell], name: str | None) -> Cell:
+def _pick_cell(cells: list[CellSignature], name: str | None) -> CellSignature:
     if name is None:
         return cells[0]
     for cell in cells:
@@ -178,9 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("-o", "--out", default="build", metavar="DIR", help="where the package goes (default build/)")
     comp.add_argument(
         "--target",
-        choices=["cpu", "cuda", "all"],
+        choices=list(TARGET_CHOICES),
         default="all",
-        help="which kernels to generate: C (cpu), CUDA, or both (default)",
+        help="which kernels to generate: those a device runs, or every target's (default)",
     )
     comp.add_argument("--dump-ir", metavar="DIR", help="write the IR of every stage to DIR")
     comp.set_defaults(func=cmd_compile)

@@ -275,8 +275,15 @@ def test_dump_ir_writes_the_stages(compiled_treelstm):
         "ChildSumTreeLSTM.01-specialize.ir",
         "ChildSumTreeLSTM.02-hoist.ir",
     ]
+    assert dumped[3:] == [
+        "ChildSumTreeLSTM.03-autodiff.ir",
+        "ChildSumTreeLSTM.04-schedule.prog",
+        "ChildSumTreeLSTM.05-columns.c.prog",
+        "ChildSumTreeLSTM.05-columns.cuda.prog",
+    ]
     for name in dumped:
-        assert (compiled_treelstm / "ir" / name).read_text(encoding="utf-8").startswith("cell ChildSumTreeLSTM")
+        head = "cell" if name.endswith(".ir") else "program"
+        assert (compiled_treelstm / "ir" / name).read_text(encoding="utf-8").startswith(f"{head} ChildSumTreeLSTM")
 
 
 def test_bad_cell_exits_1_and_writes_nothing(tmp_path):

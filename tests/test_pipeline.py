@@ -11,7 +11,8 @@ from cortexc.ir.cell import Body, Value
 from cortexc.ir.ops import Domain, Op
 from cortexc.ir.printer import format_cell
 from cortexc.ir.verify import IRVerifyError, verify_cell
-from cortexc.pipeline import compile_file
+from cortexc.options import KNOWN_TARGETS, CompileOptions
+from cortexc.pipeline import compile_file, compile_package
 from tests.conftest import EXAMPLES, REPO
 
 GOLDEN = REPO / "tests" / "golden"
@@ -20,9 +21,13 @@ EXAMPLE_FILES = sorted(EXAMPLES.glob("*.cell"))
 
 @pytest.mark.parametrize("path", EXAMPLE_FILES, ids=lambda p: p.stem)
 def test_ir_dumps_match_the_golden_files(path, tmp_path):
-    compile_file(path, dump_dir=tmp_path)
+    """Every stage with a text form, cells and scheduled programs (per target), against its golden file."""
+    options = CompileOptions.make(targets=KNOWN_TARGETS, dump_dir=tmp_path)
+    compile_package(path.read_text(), str(path.relative_to(REPO)), options)
     dumps = sorted(tmp_path.iterdir())
-    assert dumps
+    stages = {d.name.split(".")[1].split("-", 1)[1] for d in dumps}
+    assert stages == {"lower", "specialize", "hoist", "autodiff", "schedule", "columns"}
+    assert {d.suffix for d in dumps} == {".ir", ".prog"}
     for dump in dumps:
         golden = GOLDEN / dump.name
         text = dump.read_text()

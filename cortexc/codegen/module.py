@@ -1,9 +1,11 @@
 """The generated package: `__init__.py` (from a template), kernel sources and `cell.json`.
 
-`cell.json` describes every cell (dims, params, inputs, states, outputs, the
-kernel schedule and the pointer layout the runtime must pass) and carries the
-`.cell` source and `-D` values it was compiled with, so the runtime can
-rebuild the IR for input validation and for the interpreter. Files are
+`cell.json` describes every cell: its runtime signature (dims, params and
+inits, inputs, states, outputs, structure), the kernel ABI (the pointer
+layout the runtime must pass), the schedule and the kernels' hashes. That is
+all the runtime reads: importing a package loads no compiler module. It also
+carries the `.cell` source and `-D` values, which only `device="interp"`
+compiles again, to run the reference interpreter on the IR. Files are
 written to a temporary directory and moved into place only when all of them
 are ready: a failed compile leaves nothing half-written.
 """
@@ -17,21 +19,32 @@ import keyword
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
-from dataclasses import asdict, is_dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cortexc import __version__
-from cortexc.codegen.render import abi, deferred_outer_products, environment, render
-from cortexc.codegen.target import TARGETS, Target
-from cortexc.errors import CortexcError
+from cortexc.codegen.render import abi, deferred_outer_products, environment
+from cortexc.codegen.target import TARGETS
 from cortexc.ir.cell import Cell
 from cortexc.ir.program import Program
-from cortexc.passes.schedule import schedule, width
-from cortexc.pipeline import compile_source
+from cortexc.ir.signature import cell_signature
+from cortexc.options import CompileOptions
+from cortexc.passes.schedule import width
 
-FORMAT_VERSION = 1
+if TYPE_CHECKING:
+    from cortexc.pipeline import Rendered
+
+FORMAT_VERSION = 2
+
+
+@dataclass(frozen=True)
+class PackageFiles:
+    """A generated package, in memory: its import name and its files (name -> text)."""
+
+    name: str
+    files: tuple[tuple[str, str], ...]
 
 
 def package_name(path: str | os.PathLike) -> str:
@@ -54,6 +67,7 @@ def _step_json(step: Any) -> dict[str, Any]:
 def cell_spec(cell: Cell, program: Program, kernel_files: Mapping[str, str]) -> dict[str, Any]:
     return {
         "name": cell.name,
+        "signature": cell_signature(cell).to_json(),
         "structure": cell.structure.value,
         "arity": cell.arity,
         "dims": dict(cell.dims),
@@ -92,32 +106,21 @@ def cell_spec(cell: Cell, program: Program, kernel_files: Mapping[str, str]) -> 
     }
 
 
-def write_package(
-    source: str,
-    source_file: str,
-    out_dir: str | os.PathLike,
-    defines: Mapping[str, int] | None = None,
-    targets: tuple[str, ...] = ("c",),
-    dump_dir: str | os.PathLike | None = None,
-) -> Path:
-    """Compile a `.cell` source into the package `out_dir/<stem>/`; returns its path."""
-    for name in targets:
-        if name not in TARGETS:
-            raise CortexcError(f"target {name!r} is not available (available: {', '.join(TARGETS)})")
-    cells = compile_source(source, source_file, defines, dump_dir)
+def package_files(source: str, source_file: str, options: CompileOptions, rendered: Sequence[Rendered]) -> PackageFiles:
+    """The files of the package of a compiled `.cell` file (nothing is written here)."""
     name = package_name(source_file)
     files: dict[str, str] = {}
     specs = []
-    for cell in cells:
-        program = schedule(cell)
+    for item in rendered:
         kernel_files, hashes = {}, {}
-        for target_name in targets:
-            target: Target = TARGETS[target_name]
-            kernel_file = f"{cell.name}{target.source_suffix}"
-            files[kernel_file] = render(program, target, source_file)
+        for target_name, text in item.sources:
+            kernel_file = f"{item.cell.name}{TARGETS[target_name].source_suffix}"
+            files[kernel_file] = text
             kernel_files[target_name] = kernel_file
-            hashes[target_name] = hashlib.sha256(files[kernel_file].encode()).hexdigest()
-        spec = cell_spec(cell, program, kernel_files)
+            hashes[target_name] = hashlib.sha256(text.encode()).hexdigest()
+        # the launch schedule is the same for every target but for the column split, which is the CUDA one's
+        program = item.programs[-1].program
+        spec = cell_spec(item.cell, program, kernel_files)
         spec["kernel_sha256"] = hashes
         specs.append(spec)
     description = {
@@ -126,7 +129,8 @@ def write_package(
         "package": name,
         "source_file": str(source_file),
         "source": source,
-        "defines": dict(defines or {}),
+        "defines": options.define_map,
+        "targets": list(options.targets),
         "cells": specs,
     }
     files["cell.json"] = json.dumps(description, indent=1, sort_keys=False) + "\n"
@@ -135,11 +139,16 @@ def write_package(
         .get_template("module_init.py.j2")
         .render(
             source_file=source_file,
-            cell_names=[c.name for c in cells],
+            cell_names=[item.cell.name for item in rendered],
             kernel_files=[f for s in specs for f in s["kernels"].values()],
         )
     )
-    return _install(Path(out_dir), name, files)
+    return PackageFiles(name, tuple(files.items()))
+
+
+def install_package(out: Path, package: PackageFiles) -> Path:
+    """Put the package in `out/<name>/` whole or not at all; returns its path."""
+    return _install(out, package.name, dict(package.files))
 
 
 def _install(out: Path, name: str, files: dict[str, str]) -> Path:

@@ -1,10 +1,13 @@
-"""`cortexc.load`: compile a `.cell` file in process and import the generated package."""
+"""`cortexc.load`: compile a `.cell` file in process and import the generated package.
+
+`import_package` needs no compiler (a package carries everything the runtime
+reads); `load_cell_file` compiles first, so it imports the pipeline.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import os
 import sys
 from collections.abc import Mapping
@@ -22,6 +25,8 @@ def import_package(package_dir: Path) -> ModuleType:
     if module_name in sys.modules:
         return sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(module_name, init, submodule_search_locations=[str(package_dir)])
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import the package at {package_dir}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:
@@ -32,12 +37,16 @@ def import_package(package_dir: Path) -> ModuleType:
     return module
 
 
-def load_cell_file(path: str | os.PathLike, out_dir: str | os.PathLike | None, dims: Mapping[str, int]) -> ModuleType:
-    from cortexc.codegen.module import write_package
+def load_cell_file(
+    path: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None, dims: Mapping[str, int]
+) -> ModuleType:
+    """Compile `path` (every target a backend of this machine may run) and import its package; the
+    package goes to `out_dir`, or to the cache under the key of the source and options."""
+    from cortexc.options import KNOWN_TARGETS, CompileOptions
+    from cortexc.pipeline import write_package
 
     source = Path(path).read_text(encoding="utf-8")
+    options = CompileOptions.make(dims, targets=KNOWN_TARGETS)
     if out_dir is None:
-        key = hashlib.sha256(json.dumps([source, str(path), sorted(dims.items())]).encode()).hexdigest()[:16]
-        out_dir = cache_dir() / "packages" / key
-    package_dir = write_package(source, str(path), out_dir, dict(dims), targets=("c", "cuda"))
-    return import_package(package_dir)
+        out_dir = cache_dir() / "packages" / options.key(source, str(path))[:16]
+    return import_package(write_package(source, str(path), out_dir, options))

@@ -2,8 +2,13 @@
 
 A model holds its params (float32, read-only arrays: change them with
 `load_params`, which also re-packs the GEMM weights) and runs a forest on a
-device: ``"cpu"`` (the generated C, built on first use and cached by source
-hash) or ``"interp"`` (the reference interpreter, the eager baseline).
+device of `cortexc.runtime.backends` (``"cpu"``: the generated C, built on
+first use and cached by source hash; ``"interp"``: the reference
+interpreter, the eager baseline; ``"cuda"``, ``"cuda-emu"``).
+
+Everything here reads the package's `cell.json` (the cell's signature and
+kernel ABI), never the compiler: only ``device="interp"`` and the `cell`
+attribute (the IR) compile the cell's source again, on first use.
 """
 
 from __future__ import annotations
@@ -14,25 +19,48 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from cortexc.errors import CortexcError, InputError
-from cortexc.ir import interp
-from cortexc.ir.cell import Cell
+from cortexc.runtime.backends import BACKENDS, ExecutorRequest, backend
+from cortexc.runtime.executor import Executor
 from cortexc.runtime.forest import Forest
 from cortexc.runtime.params import check_params, init_params
+from cortexc.runtime.signature import CellSignature
 from cortexc.runtime.validate import check_forest, check_inputs
 
-#: "cuda-emu" runs the CUDA target's code on the CPU through the emulation harness (for tests: slow)
-DEVICES = ("cpu", "interp", "cuda", "cuda-emu")
+if TYPE_CHECKING:
+    from cortexc.ir.cell import Cell
+
+#: the `cell.json` format this runtime reads (the compiler's `cortexc.codegen.module.FORMAT_VERSION`)
+FORMAT_VERSION = 2
+
+#: every device name (the backend table's); "cuda-emu" runs the CUDA code on the CPU (for tests: slow)
+DEVICES = tuple(BACKENDS)
 
 
 class Outputs(dict):
     """A model's results by name; with ``grad=True`` it also carries what `backward` needs."""
 
     saved: tuple | None = None
+
+
+class _CompiledCell:
+    """The class attribute `cell`: the cell's IR (with gradient bodies), compiled from the package's
+    source on first use, once per class. Only the interpreter and IR-level tools need it."""
+
+    def __get__(self, instance: object, owner: type[CellModel]) -> Cell:
+        cached = owner.__dict__.get("_compiled_cell")
+        if cached is None:
+            from cortexc.pipeline import compile_source
+
+            description = owner._description
+            cells = compile_source(description["source"], description["source_file"], description["defines"])
+            cached = next(c for c in cells if c.name == owner.signature.name)
+            type.__setattr__(owner, "_compiled_cell", cached)
+        return cached
 
 
 class CellModel:
@@ -42,20 +70,19 @@ class CellModel:
     _kernel_sources: ClassVar[dict[str, str]]  # by target, read at import and checked against their hashes
     _description: ClassVar[dict[str, Any]]
     _spec: ClassVar[dict[str, Any]]
-    cell: ClassVar[Cell]  # the checked IR of the cell (what inputs are validated against)
+    signature: ClassVar[CellSignature]  # what forests, inputs and params are validated against
+    cell: ClassVar[Cell] = _CompiledCell()  # type: ignore[assignment]  # the IR, compiled on first use
 
     def __init__(self, device: str = "cpu", seed: int | None = 0):
-        if device not in DEVICES:
-            raise CortexcError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
-        target = {"cpu": "c", "cuda": "cuda", "cuda-emu": "cuda"}.get(device)
+        target = backend(device).target
         if target is not None and target not in type(self)._kernel_sources:
             raise CortexcError(
                 f"device={device!r} needs the {target} kernels, which this package was compiled "
                 f"without (cortexc compile --target {'cpu' if target == 'c' else 'cuda'} or all)"
             )
         self.device = device
-        self._params = _frozen(init_params(self.cell, seed))
-        self._executor = None
+        self._params = _frozen(init_params(self.signature, seed))
+        self._executor: Executor | None = None
 
     # --- params ---------------------------------------------------------------
     @property
@@ -65,7 +92,7 @@ class CellModel:
 
     def load_params(self, params: Mapping[str, np.ndarray] | str | os.PathLike) -> None:
         """Replace some or all params (a dict or an `.npz` path); every shape is checked."""
-        checked = check_params(self.cell, params, partial=True)
+        checked = check_params(self.signature, params, partial=True)
         self._params = _frozen({**self._params, **checked})
         if self._executor is not None:
             self._executor.set_params(self._params)
@@ -83,9 +110,11 @@ class CellModel:
         ``GPUArray``s, no copy back) for callers that go on there; every other
         device computes in host memory and returns NumPy arrays either way.
         """
-        check_forest(self.cell, forest)
-        checked = check_inputs(self.cell, forest, inputs)
+        check_forest(self.signature, forest)
+        checked = check_inputs(self.signature, forest, inputs)
         if self.device == "interp":
+            from cortexc.ir import interp
+
             out = interp.run(self.cell, forest, self._params, checked)
             kept = None
         else:
@@ -98,7 +127,7 @@ class CellModel:
                 out, kept = executor.forward(linearize(forest), checked, keep=grad, host=False)
         result = Outputs(out)
         if grad:
-            result.saved = (forest, checked, {s.name: out[s.name] for s in self.cell.states}, kept)
+            result.saved = (forest, checked, {s.name: out[s.name] for s in self.signature.states}, kept)
         return result
 
     def backward(self, out: Outputs, upstream: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -117,29 +146,26 @@ class CellModel:
                 raise InputError(f"the gradient of {name} must have shape {out[name].shape}, got {array.shape}")
             checked[name] = np.ascontiguousarray(array, dtype=np.float32)
         if self.device == "interp":
+            from cortexc.ir import interp
+
             return interp.backward(self.cell, forest, self._params, inputs, states, checked)
-        shapes = {p.name: p.shape for p in self.cell.params}
+        shapes = {p.name: p.shape for p in self.signature.params}
         return self._executor_for_device().backward(kept, checked, shapes)
 
-    def _executor_for_device(self):
+    def _executor_for_device(self) -> Executor:
         """The executor of this model's device, built (or loaded from the cache) on first use."""
         if self._executor is None:
-            name = f"{self._description['package']}_{self.cell.name}"
-            sources = type(self)._kernel_sources
-            if self.device == "cpu":
-                from cortexc.runtime.build import build_shared
-                from cortexc.runtime.cpu import CpuExecutor
-
-                kernel_path = type(self)._package / self._spec["kernels"]["c"]
-                executor = CpuExecutor(self._spec, build_shared(sources["c"], name, kernel_path))
-            elif self.device == "cuda-emu":
-                from cortexc.runtime.cuda_emulated import EmulatedCudaExecutor
-
-                executor = EmulatedCudaExecutor(self._spec, sources["cuda"], name)
-            else:
-                from cortexc.runtime.cuda import CudaExecutor
-
-                executor = CudaExecutor(self._spec, sources["cuda"], name)
+            chosen = backend(self.device)
+            if chosen.make_executor is None or chosen.target is None:
+                raise CortexcError(f"device={self.device!r} runs no compiled kernels")
+            cls = type(self)
+            request = ExecutorRequest(
+                spec=cls._spec,
+                source=cls._kernel_sources[chosen.target],
+                source_path=cls._package / cls._spec["kernels"][chosen.target],
+                name=f"{cls._description['package']}_{cls.signature.name}",
+            )
+            executor = chosen.make_executor(request)
             executor.set_params(self._params)
             self._executor = executor
         return self._executor
@@ -157,15 +183,15 @@ def _frozen(params: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return frozen
 
 
-def load_package(directory: str | os.PathLike) -> dict[str, type[CellModel]]:
-    """The model classes of a generated package, by cell name."""
-    from cortexc.pipeline import compile_source
-
+def load_package(directory: str | os.PathLike[str]) -> dict[str, type[CellModel]]:
+    """The model classes of a generated package, by cell name (reads `cell.json` and the kernels only)."""
     directory = Path(directory)
     description = json.loads((directory / "cell.json").read_text(encoding="utf-8"))
-    cells = {
-        c.name: c for c in compile_source(description["source"], description["source_file"], description["defines"])
-    }
+    if description.get("format") != FORMAT_VERSION:
+        raise CortexcError(
+            f"{directory / 'cell.json'} is format {description.get('format')!r}, this runtime reads format "
+            f"{FORMAT_VERSION}: compile the package again"
+        )
     classes: dict[str, type[CellModel]] = {}
     for spec in description["cells"]:
         sources = {}
@@ -177,14 +203,15 @@ def load_package(directory: str | os.PathLike) -> dict[str, type[CellModel]]:
                     f"{kernel_path} does not match {directory / 'cell.json'} (the package was "
                     "changed after it was generated): compile it again"
                 )
+        signature = CellSignature.from_json(spec["signature"])
         attributes = {
             "_kernel_sources": sources,
             "_package": directory,
             "_description": description,
             "_spec": spec,
-            "cell": cells[spec["name"]],
-            "__doc__": f"The cell {spec['name']} of {description['source_file']} (compiled by cortexc).",
+            "signature": signature,
+            "__doc__": f"The cell {signature.name} of {description['source_file']} (compiled by cortexc).",
             "__module__": description["package"],
         }
-        classes[spec["name"]] = type(spec["name"], (CellModel,), attributes)
+        classes[signature.name] = type(signature.name, (CellModel,), attributes)
     return classes

@@ -4,45 +4,57 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cortexc.errors import InputError
-from cortexc.ir.cell import Cell, InitKind, ParamDecl
+from cortexc.errors import CortexcError, InputError
+from cortexc.runtime.signature import CellSignature, ParamSig
+from cortexc.runtime.validate import signature
+
+if TYPE_CHECKING:
+    from cortexc.ir.cell import Cell
 
 
-def init_param(decl: ParamDecl, rng: np.random.Generator, dtype=np.float32) -> np.ndarray:
+def init_param(decl: ParamSig, rng: np.random.Generator, dtype: type = np.float32) -> np.ndarray:
     """One param as declared. Xavier is Glorot-uniform with fan_in = columns, fan_out = rows
     (torch's `xavier_uniform_` on a `[out, in]` weight); a vector counts as `[n, 1]`."""
     shape, init = decl.shape, decl.init
-    if init.kind == InitKind.ZEROS:
+    if init.kind == "zeros":
         value = np.zeros(shape)
-    elif init.kind == InitKind.ONES:
+    elif init.kind == "ones":
         value = np.ones(shape)
-    elif init.kind == InitKind.UNIFORM:
+    elif init.kind == "uniform":
         value = rng.uniform(init.args[0], init.args[1], size=shape)
-    elif init.kind == InitKind.NORMAL:
+    elif init.kind == "normal":
         value = rng.normal(init.args[0], init.args[1], size=shape)
-    else:
+    elif init.kind == "xavier":
         fan_out, fan_in = (shape[0], shape[1]) if len(shape) == 2 else (shape[0], 1)
         bound = np.sqrt(6.0 / (fan_in + fan_out))
         value = rng.uniform(-bound, bound, size=shape)
+    else:
+        raise CortexcError(f"param {decl.name}: unknown init {init.kind!r}")
     return np.ascontiguousarray(value, dtype=dtype)
 
 
-def init_params(cell: Cell, seed: int | None = 0, dtype=np.float32) -> dict[str, np.ndarray]:
+def init_params(cell: CellSignature | Cell, seed: int | None = 0, dtype: type = np.float32) -> dict[str, np.ndarray]:
     """Every param of the cell, initialised in declaration order from one seeded generator."""
+    cell = signature(cell)
     rng = np.random.default_rng(seed)
     return {decl.name: init_param(decl, rng, dtype) for decl in cell.params}
 
 
 def check_params(
-    cell: Cell, params: Mapping[str, np.ndarray] | str | os.PathLike, partial: bool = False, dtype=np.float32
+    cell: CellSignature | Cell,
+    params: Mapping[str, np.ndarray] | str | os.PathLike[str],
+    partial: bool = False,
+    dtype: type = np.float32,
 ) -> dict[str, np.ndarray]:
     """Params by name (or an `.npz` path) as contiguous arrays, every shape checked.
 
     With ``partial`` only the given names are checked (for `load_params` of a subset).
     """
+    cell = signature(cell)
     if isinstance(params, str | os.PathLike):
         with np.load(params) as archive:
             params = {name: archive[name] for name in archive.files}

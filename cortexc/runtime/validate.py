@@ -7,22 +7,39 @@ are checked here, vectorised, and the first offending node is named.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from cortexc.errors import InputError
-from cortexc.ir.cell import Cell, Structure
 from cortexc.runtime.forest import Forest
+from cortexc.runtime.signature import CellSignature
+
+if TYPE_CHECKING:
+    from cortexc.ir.cell import Cell
 
 
-def check_forest(cell: Cell, forest: Forest) -> None:
+def signature(cell: CellSignature | Cell) -> CellSignature:
+    """The runtime signature of a cell given as a signature or (by compiler-side callers) as IR."""
+    if isinstance(cell, CellSignature):
+        return cell
+    from cortexc.ir.signature import cell_signature
+
+    return cell_signature(cell)
+
+
+def check_forest(cell: CellSignature | Cell, forest: Forest) -> None:
+    sig = signature(cell)
     if not isinstance(forest, Forest):
         raise InputError(f"expected a cortexc.Forest, got {type(forest).__name__}")
-    forest.check_structure(is_dag=cell.structure == Structure.DAG, arity=cell.arity, cell_name=cell.name)
+    forest.check_structure(is_dag=sig.structure.shares_children, arity=sig.arity, cell_name=sig.name)
 
 
-def check_inputs(cell: Cell, forest: Forest, inputs: Mapping[str, object], dtype=np.float32) -> dict[str, np.ndarray]:
+def check_inputs(
+    cell: CellSignature | Cell, forest: Forest, inputs: Mapping[str, object], dtype: type = np.float32
+) -> dict[str, np.ndarray]:
     """The inputs as contiguous arrays: float ones as `dtype` `[N, X]`, index ones as int32 `[N]`."""
+    cell = signature(cell)
     declared = {decl.name: decl for decl in cell.inputs}
     unknown = sorted(set(inputs) - set(declared))
     if unknown:

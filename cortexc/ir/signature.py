@@ -1,0 +1,27 @@
+"""The runtime signature of an IR cell (what the package's `cell.json` carries for the runtime)."""
+
+from __future__ import annotations
+
+from cortexc.ir.cell import Cell, Structure
+from cortexc.runtime.signature import (
+    CellSignature,
+    InitSig,
+    InputSig,
+    OutputSig,
+    ParamSig,
+    StateSig,
+    StructureSig,
+)
+
+
+def cell_signature(cell: Cell) -> CellSignature:
+    """Declarations only: dims, params with their inits, inputs, states, outputs and the structure."""
+    return CellSignature(
+        name=cell.name,
+        structure=StructureSig(cell.structure.value, cell.structure is Structure.DAG, cell.arity),
+        dims=cell.dims,
+        params=tuple(ParamSig(p.name, p.shape, InitSig(p.init.kind.value, tuple(p.init.args))) for p in cell.params),
+        inputs=tuple(InputSig(i.name, i.shape, i.index_range) for i in cell.inputs),
+        states=tuple(StateSig(s.name, s.shape) for s in cell.states),
+        outputs=tuple(OutputSig(o.name, o.shape, o.at_root) for o in cell.outputs),
+    )

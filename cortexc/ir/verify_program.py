@@ -1,0 +1,123 @@
+"""The `Program` verifier: a scheduled program is internally consistent before anything renders it.
+
+It checks what the code generators rely on without checking themselves:
+one place per body value; every step reads values of its kernel and writes
+tile buffers that exist and are wide enough; a GEMM names a packed weight
+of the program whose size and params agree with it; accumulated param
+gradients have their accumulator; stores write declared states, outputs,
+params or inputs with the value's width; a column split covers every step.
+A failure is a compiler bug, raised as `ProgramVerifyError` naming the stage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from cortexc.ir.program import (
+    AccumOuter,
+    AccumSum,
+    Gemm,
+    Kernel,
+    Loop,
+    PlaceKind,
+    Program,
+    Reduce,
+    RowSum,
+    SmallMatmul,
+    Softmax,
+    Store,
+)
+from cortexc.ir.program_printer import VALUE_FIELDS
+from cortexc.ir.verify import IRVerifyError
+
+
+class ProgramVerifyError(IRVerifyError):
+    """A scheduled program breaks an invariant (a compiler bug, not a user error)."""
+
+
+def verify_program(program: Program, stage: str = "") -> Program:
+    """`program` itself if it is consistent, else `ProgramVerifyError`."""
+    where = f" after {stage}" if stage else ""
+    try:
+        _verify(program)
+    except ProgramVerifyError as err:
+        raise ProgramVerifyError(f"program {program.cell.name}{where}: {err}") from None
+    return program
+
+
+def _expect(condition: bool, message: str) -> None:
+    if not condition:
+        raise ProgramVerifyError(message)
+
+
+def _verify(program: Program) -> None:
+    cell = program.cell
+    params = {p.name: p for p in cell.params}
+    names = [k.name for k in program.kernels]
+    _expect(len(set(names)) == len(names), f"kernel names repeat: {names}")
+    packed = {w.name: w for w in program.packed}
+    _expect(len(packed) == len(program.packed), "packed weight names repeat")
+    for weight in program.packed:
+        _expect(all(p in params for p in weight.params), f"packed {weight.name} names an unknown param")
+        _expect(weight.m > 0 and weight.k > 0, f"packed {weight.name} is empty")
+    accumulated = {name: floats for name, _, floats in program.accumulators}
+    offset = 0
+    for name, start, floats in program.accumulators:
+        _expect(name in params, f"accumulator of unknown param {name}")
+        _expect(start == offset, f"accumulator {name} starts at {start}, expected {offset}")
+        _expect(floats == math.prod(params[name].shape), f"accumulator {name} has {floats} floats")
+        offset += floats
+    for kernel in program.kernels:
+        try:
+            _verify_kernel(program, kernel, packed, accumulated)
+        except ProgramVerifyError as err:
+            raise ProgramVerifyError(f"kernel {kernel.name}: {err}") from None
+
+
+def _verify_kernel(program: Program, kernel: Kernel, packed: dict, accumulated: dict) -> None:
+    values = kernel.body.values
+    _expect(len(kernel.places) == len(values), f"{len(kernel.places)} places for {len(values)} values")
+    widths = {b.name: b.width for b in kernel.buffers}
+    _expect(len(widths) == len(kernel.buffers), "buffer names repeat")
+    for index, place in enumerate(kernel.places):
+        if place.kind == PlaceKind.BUFFER:
+            _expect(place.buffer in widths, f"%{index} lives in unknown buffer {place.buffer!r}")
+            _expect(
+                place.column + _width(values[index].shape) <= widths[place.buffer],
+                f"%{index} does not fit in buffer {place.buffer} at column {place.column}",
+            )
+    for number, step in enumerate(kernel.steps):
+        what = f"step {number} ({type(step).__name__.lower()})"
+        for field in dataclasses.fields(step):
+            if field.name in VALUE_FIELDS:
+                index = getattr(step, field.name)
+                _expect(0 <= index < len(values), f"{what} reads %{index}, which the body does not have")
+        out = getattr(step, "out", None)
+        if isinstance(step, Gemm):
+            _expect(step.packed in packed, f"{what} uses unknown packed weight {step.packed!r}")
+            weight = packed[step.packed]
+            _expect(
+                (weight.m, weight.k, weight.params) == (step.m, step.k, step.weights),
+                f"{what} disagrees with {weight.name}",
+            )
+            _expect(_width(values[step.operand].shape) == step.k, f"{what}: operand width is not k = {step.k}")
+            _expect(
+                out in widths and widths[out] >= step.m, f"{what} writes {out!r}, missing or narrower than {step.m}"
+            )
+        elif isinstance(step, Loop):
+            _expect(out in widths and step.column + step.width <= widths[out], f"{what} overflows buffer {out!r}")
+        elif isinstance(step, Reduce | Softmax | RowSum | SmallMatmul):
+            _expect(out in widths, f"{what} writes unknown buffer {out!r}")
+            _expect(kernel.places[step.value].buffer == out, f"{what}: %{step.value} does not live in {out}")
+        elif isinstance(step, AccumOuter | AccumSum):
+            _expect(step.param in accumulated, f"{what} accumulates {step.param}, which has no accumulator")
+        elif isinstance(step, Store):
+            _expect(step.width == _width(values[step.value].shape), f"{what}: width {step.width} is not the value's")
+    if kernel.split is not None:
+        _expect(kernel.split.period > 0, "column split with a period of 0")
+        _expect(len(kernel.split.split_steps) == len(kernel.steps), "column split does not cover every step")
+
+
+def _width(shape: tuple[int, ...]) -> int:
+    return math.prod(shape) if shape else 1

@@ -1,0 +1,76 @@
+"""`CompileOptions`: everything a compile depends on, in one frozen value.
+
+Every stage of the pipeline receives the same options, and the cache keys of
+packages and binaries are made from `CompileOptions.key`, so two compiles
+that could produce different files never share a cache entry. This module
+imports nothing of the compiler: the runtime builds options to look a
+package up without loading the compiler.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cortexc.errors import CortexcError
+
+#: the kernel targets the code generators know (the backends that run them are in `cortexc.runtime.backends`)
+KNOWN_TARGETS = ("c", "cuda")
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """What to compile and how.
+
+    ``defines`` override dims (``-D H=256``) in every cell that declares them;
+    ``targets`` are the kernel sources to generate (``"c"``, ``"cuda"``);
+    ``dump_dir``, when set, receives the text form of every stage (it does
+    not change any output, so it is not part of the key).
+    """
+
+    defines: tuple[tuple[str, int], ...] = ()
+    targets: tuple[str, ...] = ("c",)
+    dump_dir: Path | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in self.targets:
+            if name not in KNOWN_TARGETS:
+                raise CortexcError(f"target {name!r} is not available (available: {', '.join(KNOWN_TARGETS)})")
+        if not self.targets:
+            raise CortexcError("at least one target is needed")
+
+    @classmethod
+    def make(
+        cls,
+        defines: Mapping[str, int] | None = None,
+        targets: Iterable[str] = ("c",),
+        dump_dir: str | os.PathLike[str] | None = None,
+    ) -> CompileOptions:
+        """Options from loose values (a dict of defines, any iterable of targets, a path or None)."""
+        return cls(
+            defines=tuple(sorted((defines or {}).items())),
+            targets=tuple(dict.fromkeys(targets)),
+            dump_dir=Path(dump_dir) if dump_dir is not None else None,
+        )
+
+    @property
+    def define_map(self) -> dict[str, int]:
+        return dict(self.defines)
+
+    def key(self, source: str, source_file: str) -> str:
+        """A digest of everything that shapes the generated files: the source, its file name (it is
+        written into the package), the options and the compiler's version."""
+        from cortexc import __version__
+
+        payload = {
+            "source": source,
+            "file": str(source_file),
+            "defines": list(self.defines),
+            "targets": list(self.targets),
+            "cortexc": __version__,
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()

@@ -1,0 +1,81 @@
+"""The one table of backends: a device name, the kernel target it runs and how to make its executor.
+
+`CellModel(device=...)`, the CLI and `cortexc.load` all read this table. A
+new backend is one code-generation `Target` (`cortexc/codegen/target.py`),
+its dialect template, one executor module and one entry here. Factories
+import their executor module only when used, so that listing the backends
+(or importing cortexc) costs nothing and needs no GPU library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cortexc.runtime.executor import Executor
+
+
+@dataclass(frozen=True)
+class ExecutorRequest:
+    """What a factory gets: the cell's `cell.json` entry, its kernel source for the backend's target
+    (already checked against its hash), where that source lives, and a name for build caches."""
+
+    spec: Mapping[str, Any]
+    source: str
+    source_path: Path
+    name: str
+
+
+@dataclass(frozen=True)
+class Backend:
+    device: str  # what users pass as `device=`
+    target: str | None  # the kernel source it runs (a `cortexc.options.KNOWN_TARGETS` name); None: the IR
+    make_executor: Callable[[ExecutorRequest], Executor] | None  # None: the reference interpreter
+    summary: str
+
+
+def _cpu(request: ExecutorRequest) -> Executor:
+    from cortexc.runtime.build import build_shared
+    from cortexc.runtime.cpu import CpuExecutor
+
+    return CpuExecutor(request.spec, build_shared(request.source, request.name, request.source_path))
+
+
+def _cuda(request: ExecutorRequest) -> Executor:
+    from cortexc.runtime.cuda import CudaExecutor
+
+    return CudaExecutor(request.spec, request.source, request.name)
+
+
+def _cuda_emulated(request: ExecutorRequest) -> Executor:
+    from cortexc.runtime.cuda_emulated import EmulatedCudaExecutor
+
+    return EmulatedCudaExecutor(request.spec, request.source, request.name)
+
+
+BACKENDS: dict[str, Backend] = {
+    backend.device: backend
+    for backend in (
+        Backend("cpu", "c", _cpu, "the generated C, built with gcc and OpenMP (cached by source and flags)"),
+        Backend("interp", None, None, "the reference interpreter on the IR (compiles the cell's source again)"),
+        Backend("cuda", "cuda", _cuda, "the generated CUDA, built with nvcc for the GPU's arch (needs pycuda)"),
+        Backend("cuda-emu", "cuda", _cuda_emulated, "the generated CUDA run on the CPU by cuda_emu.h (tests)"),
+    )
+}
+
+
+def backend(device: str) -> Backend:
+    """The backend of a device name, or a `CortexcError` listing the known ones."""
+    from cortexc.errors import CortexcError
+
+    if device not in BACKENDS:
+        raise CortexcError(f"unknown device {device!r} (choose from {', '.join(BACKENDS)})")
+    return BACKENDS[device]
+
+
+def targets_of(devices: tuple[str, ...]) -> tuple[str, ...]:
+    """The kernel targets these devices need, in table order."""
+    found = [BACKENDS[d].target for d in BACKENDS if d in devices and BACKENDS[d].target is not None]
+    return tuple(dict.fromkeys(t for t in found if t is not None))

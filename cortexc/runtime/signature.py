@@ -1,0 +1,145 @@
+"""A compiled cell's signature: what the runtime needs to know about it, and nothing more.
+
+The compiler writes it into the package's `cell.json`; the runtime reads it
+back to validate forests and inputs, initialise params, size the result
+arrays and fill the kernel ABI, so that running a package never needs the
+front end or the IR. Frozen dataclasses, read from and written to plain JSON.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from cortexc.errors import CortexcError
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StructureSig:
+    """The kind of structure a cell runs on and the properties the runtime checks a forest against."""
+
+    kind: str  # "tree" or "dag": the name written in the `.cell` file
+    shares_children: bool  # a node may have several parents (a DAG)
+    arity: int | None  # exact number of child slots (`tree(arity = 2)`), None for any
+
+
+@dataclass(frozen=True)
+class InitSig:
+    kind: str  # zeros, ones, xavier, uniform, normal
+    args: tuple[float, ...] = ()
+
+    def __str__(self) -> str:
+        if not self.args:
+            return self.kind
+        return f"{self.kind}({', '.join(repr(a) for a in self.args)})"
+
+
+@dataclass(frozen=True)
+class ParamSig:
+    name: str
+    shape: Shape
+    init: InitSig
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class InputSig:
+    """A per-node input: float32 rows of `shape`, or (``index_range`` set) one int32 in [0, range)."""
+
+    name: str
+    shape: Shape
+    index_range: int | None = None
+
+    @property
+    def is_index(self) -> bool:
+        return self.index_range is not None
+
+
+@dataclass(frozen=True)
+class StateSig:
+    name: str
+    shape: Shape
+
+
+@dataclass(frozen=True)
+class OutputSig:
+    name: str
+    shape: Shape
+    at_root: bool
+
+
+@dataclass(frozen=True)
+class CellSignature:
+    name: str
+    structure: StructureSig
+    dims: tuple[tuple[str, int], ...]
+    params: tuple[ParamSig, ...]
+    inputs: tuple[InputSig, ...]
+    states: tuple[StateSig, ...]
+    outputs: tuple[OutputSig, ...]
+
+    @property
+    def arity(self) -> int | None:
+        return self.structure.arity
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "structure": {
+                "kind": self.structure.kind,
+                "shares_children": self.structure.shares_children,
+                "arity": self.structure.arity,
+            },
+            "dims": dict(self.dims),
+            "params": [
+                {"name": p.name, "shape": list(p.shape), "init": {"kind": p.init.kind, "args": list(p.init.args)}}
+                for p in self.params
+            ],
+            "inputs": [{"name": i.name, "shape": list(i.shape), "index_range": i.index_range} for i in self.inputs],
+            "states": [{"name": s.name, "shape": list(s.shape)} for s in self.states],
+            "outputs": [{"name": o.name, "shape": list(o.shape), "at_root": o.at_root} for o in self.outputs],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CellSignature:
+        """The signature of a `cell.json` entry (a `CortexcError` naming the field if it is malformed)."""
+        try:
+            structure = data["structure"]
+            return cls(
+                name=str(data["name"]),
+                structure=StructureSig(
+                    str(structure["kind"]), bool(structure["shares_children"]), _opt_int(structure["arity"])
+                ),
+                dims=tuple((str(k), int(v)) for k, v in data["dims"].items()),
+                params=tuple(
+                    ParamSig(
+                        str(p["name"]),
+                        _shape(p["shape"]),
+                        InitSig(str(p["init"]["kind"]), tuple(float(a) for a in p["init"]["args"])),
+                    )
+                    for p in data["params"]
+                ),
+                inputs=tuple(
+                    InputSig(str(i["name"]), _shape(i["shape"]), _opt_int(i["index_range"])) for i in data["inputs"]
+                ),
+                states=tuple(StateSig(str(s["name"]), _shape(s["shape"])) for s in data["states"]),
+                outputs=tuple(
+                    OutputSig(str(o["name"]), _shape(o["shape"]), bool(o["at_root"])) for o in data["outputs"]
+                ),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise CortexcError(f"a cell signature in cell.json is malformed ({type(err).__name__}: {err})") from None
+
+
+def _shape(items: Any) -> Shape:
+    return tuple(int(d) for d in items)
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
