@@ -172,6 +172,17 @@ def test_changed_flags_or_compiler_change_the_key(gcc_calls, build_cache, monkey
     assert build.build_key(source, build.C_FLAGS, "gcc") != key
 
 
+def test_the_target_cpu_changes_the_key_of_native_builds(monkeypatch):
+    """A cache shared by two machines (an NFS home) must not hand one CPU's -march=native code to another."""
+    source = "int cx_answer(void) { return 42; }\n"
+    key = build.build_key(source, build.C_FLAGS, "gcc")
+    portable = tuple(f for f in build.C_FLAGS if f != "-march=native")
+    portable_key = build.build_key(source, portable, "gcc")
+    monkeypatch.setattr(build, "native_target", lambda compiler: "-march= another-cpu")
+    assert build.build_key(source, build.C_FLAGS, "gcc") != key
+    assert build.build_key(source, portable, "gcc") == portable_key  # not native: the CPU does not matter
+
+
 def test_library_names_carry_the_key_and_no_scratch_is_left(gcc_calls, build_cache, cell_files):
     run_tiny(cortexc.load(write_cell(cell_files, TINY)))
     for entry in build_cache.iterdir():

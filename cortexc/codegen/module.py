@@ -59,7 +59,7 @@ def package_name(path: str | os.PathLike) -> str:
 
 
 def _step_json(step: Any) -> dict[str, Any]:
-    fields = asdict(step) if is_dataclass(step) else {}
+    fields = asdict(step) if is_dataclass(step) and not isinstance(step, type) else {}
     fields = {k: (v.value if hasattr(v, "value") else v) for k, v in fields.items()}
     return {"step": type(step).__name__.lower(), **fields}
 

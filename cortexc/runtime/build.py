@@ -1,8 +1,8 @@
 """Compile generated C into a shared library, cached by what determines the binary.
 
-The cache key is the hash of the source, the compiler flags and the
-compiler's version, so changed code, flags or compiler always rebuild and
-stale code is never loaded. Builds go to a temporary name and are renamed
+The cache key is the hash of the source, the compiler flags, the
+compiler's version and the target CPU, so changed code, flags, compiler or
+machine always rebuild and stale or foreign code is never loaded. Builds go to a temporary name and are renamed
 into place, so a failed or concurrent build never leaves a broken library.
 """
 
@@ -53,9 +53,20 @@ def compiler_version(compiler: str) -> str:
     return result.stdout.strip() or compiler  # all of it: nvcc puts its version on the last line
 
 
+@functools.cache
+def native_target(compiler: str) -> str:
+    """What `-march=native` means on this machine, as the compiler resolves it (the CPU's features):
+    a cache shared between machines never hands one CPU's binary to another."""
+    result = subprocess.run([compiler, "-march=native", "-Q", "--help=target"], capture_output=True, text=True)
+    return result.stdout if result.returncode == 0 else ""
+
+
 def build_key(source: str, flags: tuple[str, ...], compiler: str) -> str:
+    """The digest of everything that shapes the binary: source, flags, compiler version and, for
+    `-march=native` builds, the target CPU."""
     digest = hashlib.sha256()
-    for part in (source, "\0".join(flags), compiler_version(compiler)):
+    cpu = native_target(compiler) if "-march=native" in flags else ""
+    for part in (source, "\0".join(flags), compiler_version(compiler), cpu):
         digest.update(part.encode())
         digest.update(b"\1")
     return digest.hexdigest()[:24]

@@ -97,8 +97,8 @@ class CellModel:
         if self._executor is not None:
             self._executor.set_params(self._params)
 
-    def save_params(self, path: str | os.PathLike) -> None:
-        np.savez(path, **self._params)
+    def save_params(self, path: str | os.PathLike[str]) -> None:
+        np.savez(path, **self._params)  # type: ignore[arg-type]  # numpy's stub types **kwds as savez's flags
 
     # --- running ----------------------------------------------------------------
     def __call__(self, forest: Forest, grad: bool = False, host: bool = True, **inputs: Any) -> Outputs:

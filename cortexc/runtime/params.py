@@ -65,7 +65,7 @@ def check_params(
     missing = [name for name in declared if name not in params]
     if missing and not partial:
         raise InputError(f"missing params for cell {cell.name}: {', '.join(missing)}")
-    checked = {}
+    checked: dict[str, np.ndarray] = {}
     for name, value in params.items():
         array = np.asarray(value)
         if array.shape != declared[name].shape:
