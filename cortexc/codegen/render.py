@@ -16,6 +16,7 @@ import jinja2
 
 from cortexc.codegen.exprs import (
     KernelExprs,
+    c_helpers,
     gradient_symbol,
     hoisted_symbol,
     input_symbol,
@@ -25,7 +26,7 @@ from cortexc.codegen.exprs import (
 )
 from cortexc.codegen.target import Target
 from cortexc.ir.cell import Cell
-from cortexc.ir.ops import Op
+from cortexc.ir.ops import OPS, Op
 from cortexc.ir.program import (
     AccumOuter,
     AccumSum,
@@ -118,6 +119,7 @@ def render(program: Program, target: Target, source_file: str) -> str:
     template = environment().get_template("kernels.j2")
     return template.render(
         target=target,
+        c_helpers=c_helpers({v.op for k in program.kernels for v in k.body.values}),
         nr=target.gemm_nr,
         mr=target.gemm_mr,
         source_file=source_file,
@@ -379,7 +381,8 @@ def _step_context(exprs: KernelExprs, kernel: Kernel, step) -> dict[str, Any]:
             "out": step.out,
             "width": step.width,
             "x": exprs.ref(value.args[0], step.rows, "i", "j"),
-            "log": step.log,
+            "row_setup": OPS[value.op].c_row_setup,
+            "element": OPS[value.op].c.format(exprs.ref(value.args[0], step.rows, "i", "j")),
         }
     if isinstance(step, SmallMatmul):
         value = values[step.value]

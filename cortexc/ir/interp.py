@@ -12,12 +12,12 @@ with no special case; `mean` and `max` of no children are defined as 0.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
 from cortexc.ir.cell import Body, Cell, Value
-from cortexc.ir.ops import Domain, Op
+from cortexc.ir.ops import OPS, Domain, Op, OpKind
 from cortexc.runtime.forest import Forest
 from cortexc.runtime.params import check_params
 from cortexc.runtime.validate import check_forest, check_inputs
@@ -37,44 +37,6 @@ class _Node:
         self.dtype = dtype
         self.hoisted: dict[str, np.ndarray] = {}  # this node's results of the cell's `pre` body
         self.adjoints: dict[str, np.ndarray] = {}  # incoming gradients, for gradient bodies
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        return 1.0 / (1.0 + np.exp(-x))
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    shifted = np.exp(x - x.max(axis=-1, keepdims=True))
-    return shifted / shifted.sum(axis=-1, keepdims=True)
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    shifted = x - x.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-
-
-UNARY: dict[Op, Callable[[np.ndarray], np.ndarray]] = {
-    Op.NEG: np.negative,
-    Op.SIGMOID: _sigmoid,
-    Op.TANH: np.tanh,
-    Op.RELU: lambda x: np.maximum(x, 0),
-    Op.EXP: np.exp,
-    Op.LOG: np.log,
-    Op.ABS: np.abs,
-    Op.SOFTPLUS: lambda x: np.logaddexp(0, x),
-    Op.STEP: lambda x: (x > 0).astype(x.dtype),
-    Op.SIGN: np.sign,
-    Op.SOFTMAX: _softmax,
-    Op.LOG_SOFTMAX: _log_softmax,
-}
-BINARY: dict[Op, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    Op.ADD: np.add,
-    Op.SUB: np.subtract,
-    Op.MUL: np.multiply,
-    Op.DIV: np.divide,
-    Op.EQ: lambda a, b: np.equal(a, b).astype(np.result_type(a, b)),
-}
 
 
 def _batched(x: np.ndarray, value: Value, rank: int) -> np.ndarray:
@@ -136,12 +98,12 @@ def eval_value(
         return padded
     if op == Op.CONST:
         return np.full(value.shape, value.attr("value"), node.dtype)
-    if op in BINARY:
-        rank = len(value.shape)
-        a, b = (_batched(x, v, rank) for x, v in zip(args, arg_values))
-        return BINARY[op](a, b).astype(node.dtype, copy=False)
-    if op in UNARY:
-        return UNARY[op](args[0]).astype(node.dtype, copy=False)
+    definition = OPS.get(op)
+    if definition is not None:  # elementwise and vector ops: the registry's NumPy rule
+        if definition.kind == OpKind.BINARY:
+            rank = len(value.shape)
+            args = [_batched(x, v, rank) for x, v in zip(args, arg_values)]
+        return definition.numpy(*args).astype(node.dtype, copy=False)
     if op == Op.MATMUL:
         a, b = args
         if len(arg_values[1].shape) == 1:

@@ -9,15 +9,12 @@ from __future__ import annotations
 from cortexc.errors import CortexcError
 from cortexc.ir.cell import Body, BodyKind, Cell, DType, Value
 from cortexc.ir.ops import (
-    BINARY_OPS,
+    OPS,
     REDUCE_OPS,
-    UNARY_OPS,
-    VECTOR_OPS,
     Domain,
     Op,
     Shape,
     ShapeError,
-    broadcast_shape,
     concat_shape,
     matmul_shape,
     pad_shape,
@@ -187,13 +184,9 @@ def _verify_value(cell: Cell, body: Body, index: int, value: Value, role: BodyKi
     elif op == Op.CONST:
         _expect(isinstance(value.attr("value"), float), "a constant must be a float")
         shape, domain = value.shape, Domain.PARAM  # a scalar, or a filled vector/matrix
-    elif op in BINARY_OPS:
-        shape = broadcast_shape(args[0].shape, args[1].shape)
-        domain = max(args[0].domain, args[1].domain)
-    elif op in UNARY_OPS or op in VECTOR_OPS:
-        shape, domain = args[0].shape, args[0].domain
-        if op in VECTOR_OPS:
-            _expect(len(shape) == 1, "softmax needs a vector")
+    elif op in OPS:  # elementwise and vector ops: the registry's shape rule
+        _expect(len(args) == OPS[op].arity, f"{op.value} takes {OPS[op].arity} args")
+        shape, domain = OPS[op].shape(*(a.shape for a in args)), max(a.domain for a in args)
     elif op == Op.MATMUL:
         shape, domain = matmul_shape(args[0].shape, args[1].shape), max(args[0].domain, args[1].domain)
     elif op == Op.SLICE:
@@ -228,9 +221,7 @@ _ARG_COUNT = {
     Op.CHILD_STATE: 0,
     Op.CHILD_STATE_AT: 0,
     Op.CONST: 0,
-    **{op: 2 for op in BINARY_OPS},
-    **{op: 1 for op in UNARY_OPS},
-    **{op: 1 for op in VECTOR_OPS},
+    **{op: d.arity for op, d in OPS.items()},
     Op.MATMUL: 2,
     Op.SLICE: 1,
     Op.EMBED: 2,

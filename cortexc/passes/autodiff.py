@@ -12,12 +12,10 @@ carried values, needed anyway); everything else a node computed (gates,
 products) is recomputed in the backward sweep from its children's saved
 states, which costs one more forward but no memory per intermediate.
 
-The rules, one per op (``g`` is the adjoint of ``y = op(args)``):
+The rules of the elementwise and vector ops are their registry entries'
+(`cortexc.ir.ops.OPS`, ``derivative``); the structural ops' rules are here
+(``g`` is the adjoint of ``y = op(args)``):
 
-* ``a + b``: g, g; ``a - b``: g, -g; ``a * b``: g*b, g*a; ``a / b``: g/b, -g*y/b
-* ``sigmoid``: g*y*(1-y); ``tanh``: g*(1-y*y); ``relu``: g*step(a); ``exp``: g*y;
-  ``log``: g/a; ``abs``: g*sign(a); ``softplus``: g*sigmoid(a)
-* ``softmax``: y*(g - rowsum(g*y)); ``log_softmax``: g - exp(y)*rowsum(g)
 * ``W @ x``: outer(g, x) to W, transpose(W) @ g to x; ``A @ B``: g @ transpose(B), transpose(A) @ g
 * slices: pad(g) back in place; ``concat``: the slices of g; ``E[w]``: g to row w of E
 * ``expand``: sum over the children; ``sum``: expand(g); ``mean``: expand(g / num_children);
@@ -33,6 +31,7 @@ from dataclasses import replace
 from cortexc.frontend.lower import BodyBuilder
 from cortexc.ir.cell import Body, BodyKind, Cell, DType, Gradients, Value
 from cortexc.ir.ops import (
+    OPS,
     Domain,
     Op,
     broadcast_shape,
@@ -81,6 +80,9 @@ class _Reverse:
     def const(self, number: float) -> int:
         return self.b.add(Op.CONST, (), (), Domain.PARAM, (("value", number),))
 
+    def rowsum(self, x: int) -> int:
+        return self.op(Op.ROWSUM, x, shape=())
+
     def add_result(self, name: str, g: int) -> None:
         if name in self.results:
             self.results[name] = self.op(Op.ADD, self.results[name], g)
@@ -123,8 +125,13 @@ class _Reverse:
         y = self.copy[index]
         a = self.copy[args[0]] if args else None
         b = self.copy[args[1]] if len(args) > 1 else None
-        one = self.const(1.0)
-        if op == Op.PARAM:
+        self.const(1.0)  # many rules need it: made first, so the order of values is the same for every rule
+        definition = OPS.get(op)
+        if definition is not None:  # elementwise and vector ops: the registry's derivative
+            for arg, contribution in zip(args, definition.derivative(self, g, y, [self.copy[x] for x in args])):
+                if contribution is not None:
+                    self.contribute(arg, contribution)
+        elif op == Op.PARAM:
             self.add_result(f"d_param/{value.name}", g)
         elif op == Op.INPUT:
             self.add_result(f"d_input/{value.name}", g)
@@ -136,40 +143,6 @@ class _Reverse:
             self.add_result(f"d_child_at/{value.attr('k')}/{value.name}", g)
         elif op == Op.HOISTED:
             self.add_result(f"d_hoisted/{value.name}", g)
-        elif op == Op.ADD:
-            self.contribute(args[0], g)
-            self.contribute(args[1], g)
-        elif op == Op.SUB:
-            self.contribute(args[0], g)
-            self.contribute(args[1], self.op(Op.NEG, g))
-        elif op == Op.MUL:
-            self.contribute(args[0], self.op(Op.MUL, g, b))
-            self.contribute(args[1], self.op(Op.MUL, g, a))
-        elif op == Op.DIV:
-            self.contribute(args[0], self.op(Op.DIV, g, b))
-            self.contribute(args[1], self.op(Op.NEG, self.op(Op.DIV, self.op(Op.MUL, g, y), b)))
-        elif op == Op.NEG:
-            self.contribute(args[0], self.op(Op.NEG, g))
-        elif op == Op.SIGMOID:
-            self.contribute(args[0], self.op(Op.MUL, g, self.op(Op.MUL, y, self.op(Op.SUB, one, y))))
-        elif op == Op.TANH:
-            self.contribute(args[0], self.op(Op.MUL, g, self.op(Op.SUB, one, self.op(Op.MUL, y, y))))
-        elif op == Op.RELU:
-            self.contribute(args[0], self.op(Op.MUL, g, self.op(Op.STEP, a)))
-        elif op == Op.EXP:
-            self.contribute(args[0], self.op(Op.MUL, g, y))
-        elif op == Op.LOG:
-            self.contribute(args[0], self.op(Op.DIV, g, a))
-        elif op == Op.ABS:
-            self.contribute(args[0], self.op(Op.MUL, g, self.op(Op.SIGN, a)))
-        elif op == Op.SOFTPLUS:
-            self.contribute(args[0], self.op(Op.MUL, g, self.op(Op.SIGMOID, a)))
-        elif op == Op.SOFTMAX:
-            dot = self.op(Op.ROWSUM, self.op(Op.MUL, g, y), shape=())
-            self.contribute(args[0], self.op(Op.MUL, y, self.op(Op.SUB, g, dot)))
-        elif op == Op.LOG_SOFTMAX:
-            total = self.op(Op.ROWSUM, g, shape=())
-            self.contribute(args[0], self.op(Op.SUB, g, self.op(Op.MUL, self.op(Op.EXP, y), total)))
         elif op == Op.MATMUL:
             self._matmul(args, a, b, g)
         elif op == Op.SLICE:
