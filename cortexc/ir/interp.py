@@ -13,10 +13,11 @@ with no special case; `mean` and `max` of no children are defined as 0.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-from cortexc.ir.cell import Body, Cell, Value
+from cortexc.ir.cell import Body, Cell, GradKind, Value
 from cortexc.ir.ops import OPS, Domain, Op, OpKind
 from cortexc.runtime.forest import Forest
 from cortexc.runtime.params import check_params
@@ -93,8 +94,8 @@ def eval_value(
         lo, rank = value.attr("lo"), len(value.shape)
         shape = args[0].shape[: args[0].ndim - rank] + value.shape
         padded = np.zeros(shape, node.dtype)
-        window = (Ellipsis, slice(lo, lo + arg_values[0].shape[0])) + (slice(None),) * (rank - 1)
-        padded[window] = args[0]
+        place: tuple[Any, ...] = (Ellipsis, slice(lo, lo + arg_values[0].shape[0])) + (slice(None),) * (rank - 1)
+        padded[place] = args[0]
         return padded
     if op == Op.CONST:
         return np.full(value.shape, value.attr("value"), node.dtype)
@@ -110,10 +111,10 @@ def eval_value(
             return np.matmul(a, b[..., None])[..., 0]
         return np.matmul(a, b)
     if op == Op.SLICE:
-        window = slice(value.attr("lo"), value.attr("hi"))
+        rows = slice(value.attr("lo"), value.attr("hi"))
         if len(value.shape) == 2:  # rows of a matrix (made by autodiff for concat)
-            return args[0][..., window, :]
-        return args[0][..., window]
+            return args[0][..., rows, :]
+        return args[0][..., rows]
     if op == Op.CONCAT:
         axis = -1 if len(value.shape) == 1 else -2
         if value.domain == Domain.CHILD:
@@ -162,9 +163,9 @@ def run(
         node = _Node(int(index), children, states, inputs, params, dtype)
         if body is cell.node and cell.pre is not None:
             pre_values = eval_body(cell.pre, node)
-            node.hoisted = {name: pre_values[result] for name, result in cell.pre.results}
+            node.hoisted = {name: pre_values[result] for name, result in cell.pre.named_results}
         values = eval_body(body, node)
-        for name, result in body.results:
+        for name, result in body.named_results:
             states[name][index] = values[result]
     out: dict[str, np.ndarray] = dict(states)
     for output in cell.outputs:
@@ -200,8 +201,9 @@ def backward(
     for outputs at the roots). Index inputs get none; an embedding table gets
     the sum of the gradients of the rows that were looked up.
     """
-    if cell.grads is None:
-        raise ValueError("backward needs a cell with gradient bodies (the autodiff pass)")
+    grad_bodies, leaf_body = cell.grads, cell.leaf
+    if grad_bodies is None or leaf_body is None:
+        raise ValueError("backward needs a cell with gradient bodies (the specialize and autodiff passes)")
     check_forest(cell, forest)
     inputs = check_inputs(cell, forest, inputs, dtype)
     params = check_params(cell, params, dtype=dtype)
@@ -216,29 +218,28 @@ def backward(
     def accumulate(node: _Node, values: list[np.ndarray], body: Body) -> dict[str, np.ndarray]:
         """Send a gradient body's per-node results where they belong; returns the hoisted ones."""
         hoisted = {}
-        for name, index in body.results:
-            kind, *rest = name.split("/")
+        for target, index in body.grad_results:
             value = values[index]
-            if kind == "d_param":
-                grads[rest[0]] += value
-            elif kind == "d_input":
-                grads[rest[0]][node.index] += value
-            elif kind == "d_embed":
-                table, row = rest
-                grads[table][node.inputs[row][node.index]] += value
-            elif kind == "d_state":
-                d_states[rest[0]][node.index] += value
-            elif kind == "d_child":
-                np.add.at(d_states[rest[0]], node.children, value)
-            elif kind == "d_child_at":
-                k = int(rest[0])
-                if k < len(node.children):
-                    d_states[rest[1]][node.children[k]] += value
-            elif kind == "d_hoisted":
-                hoisted[rest[0]] = value
+            if target.kind == GradKind.PARAM:
+                grads[target.name] += value
+            elif target.kind == GradKind.INPUT:
+                grads[target.name][node.index] += value
+            elif target.kind == GradKind.EMBED:
+                assert target.index is not None  # GradTarget checks it is set for EMBED
+                grads[target.name][node.inputs[target.index][node.index]] += value
+            elif target.kind == GradKind.STATE:
+                d_states[target.name][node.index] += value
+            elif target.kind == GradKind.CHILD:
+                np.add.at(d_states[target.name], node.children, value)
+            elif target.kind == GradKind.CHILD_AT:
+                assert target.k is not None  # GradTarget checks it is set for CHILD_AT
+                if target.k < len(node.children):
+                    d_states[target.name][node.children[target.k]] += value
+            elif target.kind == GradKind.HOISTED:
+                hoisted[target.name] = value
         return hoisted
 
-    for output, grad_body in zip(cell.outputs, cell.grads.outputs):
+    for output, grad_body in zip(cell.outputs, grad_bodies.outputs):
         if output.name not in upstream:
             continue
         rows = np.asarray(forest.roots if output.at_root else np.arange(n), dtype=np.int64)
@@ -250,14 +251,14 @@ def backward(
     for index in forest.level_order[::-1]:
         children = forest.children(int(index))
         leaf = len(children) == 0
-        body, grad_body = (cell.leaf, cell.grads.leaf) if leaf else (cell.node, cell.grads.node)
+        body, grad_body = (leaf_body, grad_bodies.leaf) if leaf else (cell.node, grad_bodies.node)
         node = _Node(int(index), children, states, inputs, params, dtype)
         if not leaf and cell.pre is not None:
             pre_values = eval_body(cell.pre, node)
-            node.hoisted = {name: pre_values[result] for name, result in cell.pre.results}
-        node.adjoints = {name: d_states[name][index] for name, _ in body.results}
+            node.hoisted = {name: pre_values[result] for name, result in cell.pre.named_results}
+        node.adjoints = {name: d_states[name][index] for name, _ in body.named_results}
         hoisted = accumulate(node, eval_body(grad_body, node), grad_body)
-        if hoisted:
+        if hoisted and grad_bodies.pre is not None:
             node.adjoints = hoisted
-            accumulate(node, eval_body(cell.grads.pre, node), cell.grads.pre)
+            accumulate(node, eval_body(grad_bodies.pre, node), grad_bodies.pre)
     return grads

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from cortexc.frontend.lower import BodyBuilder
-from cortexc.ir.cell import Body, BodyKind, Cell, DType, Gradients, Value
+from cortexc.ir.cell import Body, BodyKind, Cell, DType, Gradients, GradKind, GradTarget, ResultKey, Value
 from cortexc.ir.ops import (
     OPS,
     Domain,
@@ -61,7 +61,7 @@ class _Reverse:
         self.b = BodyBuilder()
         self.copy: list[int] = []  # forward value index -> index in the new body
         self.adjoint: dict[int, int] = {}  # forward value index -> adjoint value in the new body
-        self.results: dict[str, int] = {}
+        self.results: dict[GradTarget, int] = {}
 
     # --- building blocks -----------------------------------------------------
     def v(self, index: int) -> Value:
@@ -83,11 +83,11 @@ class _Reverse:
     def rowsum(self, x: int) -> int:
         return self.op(Op.ROWSUM, x, shape=())
 
-    def add_result(self, name: str, g: int) -> None:
-        if name in self.results:
-            self.results[name] = self.op(Op.ADD, self.results[name], g)
+    def add_result(self, target: GradTarget, g: int) -> None:
+        if target in self.results:
+            self.results[target] = self.op(Op.ADD, self.results[target], g)
         else:
-            self.results[name] = g
+            self.results[target] = g
 
     def contribute(self, forward_arg: int, g: int) -> None:
         """Add `g` to the adjoint of a forward value, reducing broadcast axes first."""
@@ -117,14 +117,14 @@ class _Reverse:
         for index in reversed(range(len(self.forward.values))):
             if index in self.adjoint:
                 self._rule(index, self.adjoint[index])
-        return self.b.finish(BodyKind.GRAD, sorted(self.results.items()))
+        # by their spelling, as the dumps show them
+        ordered: list[tuple[ResultKey, int]] = sorted(self.results.items(), key=lambda item: str(item[0]))
+        return self.b.finish(BodyKind.GRAD, ordered)
 
     def _rule(self, index: int, g: int) -> None:
         value = self.forward.values[index]
         op, args = value.op, value.args
         y = self.copy[index]
-        a = self.copy[args[0]] if args else None
-        b = self.copy[args[1]] if len(args) > 1 else None
         self.const(1.0)  # many rules need it: made first, so the order of values is the same for every rule
         definition = OPS.get(op)
         if definition is not None:  # elementwise and vector ops: the registry's derivative
@@ -132,19 +132,19 @@ class _Reverse:
                 if contribution is not None:
                     self.contribute(arg, contribution)
         elif op == Op.PARAM:
-            self.add_result(f"d_param/{value.name}", g)
+            self.add_result(GradTarget(GradKind.PARAM, value.name), g)
         elif op == Op.INPUT:
-            self.add_result(f"d_input/{value.name}", g)
+            self.add_result(GradTarget(GradKind.INPUT, value.name), g)
         elif op == Op.STATE:
-            self.add_result(f"d_state/{value.name}", g)
+            self.add_result(GradTarget(GradKind.STATE, value.name), g)
         elif op == Op.CHILD_STATE:
-            self.add_result(f"d_child/{value.name}", g)
+            self.add_result(GradTarget(GradKind.CHILD, value.name), g)
         elif op == Op.CHILD_STATE_AT:
-            self.add_result(f"d_child_at/{value.attr('k')}/{value.name}", g)
+            self.add_result(GradTarget(GradKind.CHILD_AT, value.name, k=value.attr("k")), g)
         elif op == Op.HOISTED:
-            self.add_result(f"d_hoisted/{value.name}", g)
+            self.add_result(GradTarget(GradKind.HOISTED, value.name), g)
         elif op == Op.MATMUL:
-            self._matmul(args, a, b, g)
+            self._matmul(args, g)
         elif op == Op.SLICE:
             size = self.forward.values[args[0]].shape[0]
             lo = value.attr("lo")
@@ -161,7 +161,7 @@ class _Reverse:
                 start = stop
         elif op == Op.EMBED:
             table, row = (self.forward.values[x] for x in args)
-            self.add_result(f"d_embed/{table.name}/{row.name}", g)
+            self.add_result(GradTarget(GradKind.EMBED, table.name, index=row.name), g)
         elif op == Op.EXPAND:
             self.contribute(args[0], self.op(Op.SUM, g, domain=Domain.NODE))
         elif op == Op.SUM:
@@ -170,7 +170,7 @@ class _Reverse:
             count = self.b.add(Op.NUM_CHILDREN, (), (), Domain.NODE)
             self.contribute(args[0], self.op(Op.EXPAND, self.op(Op.DIV, g, count), domain=Domain.CHILD))
         elif op == Op.MAX:  # tied children share the gradient (as torch.amax does)
-            holds_max = self.op(Op.EQ, a, self.op(Op.EXPAND, y, domain=Domain.CHILD))
+            holds_max = self.op(Op.EQ, self.copy[args[0]], self.op(Op.EXPAND, y, domain=Domain.CHILD))
             ties = self.op(Op.SUM, holds_max, domain=Domain.NODE)
             share = self.op(Op.EXPAND, self.op(Op.DIV, g, ties), domain=Domain.CHILD)
             self.contribute(args[0], self.op(Op.MUL, holds_max, share))
@@ -179,7 +179,8 @@ class _Reverse:
         else:  # pragma: no cover - every forward op has a rule above
             raise NotImplementedError(f"autodiff has no rule for {op}")
 
-    def _matmul(self, args, a: int, b: int, g: int) -> None:
+    def _matmul(self, args: tuple[int, ...], g: int) -> None:
+        a, b = self.copy[args[0]], self.copy[args[1]]
         left, right = self.v(a), self.v(b)
         left_t = self.op(Op.TRANSPOSE, a, shape=(left.shape[1], left.shape[0]))
         if len(right.shape) == 1:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from cortexc.frontend.lower import BodyBuilder
-from cortexc.ir.cell import Body, BodyKind, Cell, Value
+from cortexc.ir.cell import Body, BodyKind, Cell, ResultKey, Value
 from cortexc.ir.ops import OPS, Domain, Op
 
 
@@ -58,8 +58,8 @@ def leaf_body(node: Body) -> Body:
         if isinstance(lowered[-1], int) and value.label:
             builder.label(lowered[-1], value.label)
 
-    results = []
-    for name, index in node.results:
+    results: list[tuple[ResultKey, int]] = []
+    for name, index in node.named_results:
         item = lowered[index]
         results.append((name, materialize(item, node.values[index])))
     body = builder.finish(BodyKind.LEAF, results)

@@ -11,14 +11,14 @@ from collections.abc import Mapping
 import numpy as np
 
 from cortexc.errors import InputError
-from cortexc.ir.cell import Cell, Structure
+from cortexc.ir.cell import Cell
 from cortexc.runtime.forest import Forest
 
 
 def check_forest(cell: Cell, forest: Forest) -> None:
     if not isinstance(forest, Forest):
         raise InputError(f"expected a cortexc.Forest, got {type(forest).__name__}")
-    forest.check_structure(is_dag=cell.structure == Structure.DAG, arity=cell.arity, cell_name=cell.name)
+    forest.check_structure(is_dag=cell.structure.shares_children, arity=cell.arity, cell_name=cell.name)
 
 
 def check_inputs(cell: Cell, forest: Forest, inputs: Mapping[str, object], dtype=np.float32) -> dict[str, np.ndarray]:
