@@ -13,7 +13,9 @@ from __future__ import annotations
 import inspect
 import math
 import re
+import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +27,7 @@ from cortexc.ir import interp
 from cortexc.ir.ops import OPS, STRUCTURAL_OPS, Op, OpKind
 from cortexc.passes.autodiff import autodiff
 from cortexc.passes.specialize import specialize
+from tests.test_invented_cells import _nvcc as nvcc
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -199,6 +202,16 @@ def test_op_forward_and_backward_against_torch(all_ops, name, device):
     _assert_close(out[f"s_{name}"], expected, f"{device} {name}")
     for var, expected_grad in zip(_inputs_of(name), expected_grads):
         _assert_close(grads[var], expected_grad, f"{device} d{var}")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_every_op_compiles_with_nvcc_without_spills(all_ops):
+    """Every op's C text and helper (erff, expf, sqrtf, ...) in device code, sm_80 and sm_90, warnings as errors."""
+    (source,) = Path(next(iter(all_ops[0].__path__))).glob("*.cu")
+    result = nvcc(source)
+    assert result.returncode == 0, result.stderr[-3000:]
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", result.stderr)
+    assert spills and all(s == ("0", "0") for s in spills), "spills registers"
 
 
 def test_internal_ops_are_reached_by_the_compiled_gradients(all_ops):

@@ -125,7 +125,7 @@ class _Reverse:
         value = self.forward.values[index]
         op, args = value.op, value.args
         y = self.copy[index]
-        self.const(1.0)  # many rules need it: made first, so the order of values is the same for every rule
+        self.const(1.0)  # before the rule's own values (many use it): the order the golden dumps show
         definition = OPS.get(op)
         if definition is not None:  # elementwise and vector ops: the registry's derivative
             for arg, contribution in zip(args, definition.derivative(self, g, y, [self.copy[x] for x in args])):
