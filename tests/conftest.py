@@ -44,7 +44,7 @@ def small_forest(cell, rng: np.random.Generator, trees: int, max_nodes: int, cha
     cells, else random trees (binary for arity 2, nodes missing children for other arities)."""
     from cortexc import Forest
 
-    if cell.structure.value == "dag":
+    if cell.structure.shares_children:
         return Forest.random_dag(dag_nodes, rng=rng)
     if cell.arity == 1:
         return Forest.concat([Forest.from_parents([i + 1 if i < n - 1 else -1 for i in range(n)]) for n in chains])

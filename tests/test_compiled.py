@@ -204,12 +204,12 @@ def forest_shapes(cell, seed: int) -> dict[str, Forest]:
         shapes["missing_children"] = Forest.concat(
             [Forest.from_parents([1, 3, 3, -1, 5, -1]), Forest.random(10, rng, max_children=arity, max_nodes=30)]
         )
-    if cell.structure == Structure.DAG:
+    if cell.structure.shares_children:
         shapes["dag"] = Forest.random_dag(150, rng, max_children=arity or 4, max_parents=3)
         shapes["dag_shared"] = Forest.random_dag(60, rng, max_children=arity or 8, max_parents=8)
         shapes["dag_deep"] = Forest.random_dag(120, rng, max_children=1, max_parents=1)
     for forest in shapes.values():  # the generator must only make forests the cell accepts
-        forest.check_structure(cell.structure == Structure.DAG, arity, cell.name)
+        forest.check_structure(cell.structure.shares_children, arity, cell.name)
     return shapes
 
 
@@ -255,7 +255,7 @@ def test_odd_dim_overrides(stem, H):
         forests = forest_shapes(model.cell, H)
         forest = (
             Forest.concat([forests["mixed"], forests["chain100"]])
-            if model.cell.structure == Structure.TREE
+            if not model.cell.structure.shares_children
             else forests["dag"]
         )
         inputs = random_inputs(model.cell, forest, np.random.default_rng(H))

@@ -1,4 +1,4 @@
-"""Expressions: every op's C text from one table, and where each value is read from.
+"""Expressions: every op's C text (from the op registry, `ir.ops.OPS`), and where each value is read from.
 
 `KernelExprs.ref(value, rows, row, col)` is the C expression of element
 `col` of a value for row `row` of a loop over `rows` (node rows ``r`` or
@@ -13,28 +13,14 @@ from __future__ import annotations
 import math
 
 from cortexc.ir.cell import Cell, Value
-from cortexc.ir.ops import Op
+from cortexc.ir.ops import OPS, Op
 from cortexc.ir.program import Kernel, PlaceKind, RowKind
 from cortexc.passes.schedule import row_kind, width
 
-#: the C expression of each elementwise op over its operands' expressions
-OP_EXPR = {
-    Op.ADD: "({0} + {1})",
-    Op.SUB: "({0} - {1})",
-    Op.MUL: "({0} * {1})",
-    Op.DIV: "({0} / {1})",
-    Op.NEG: "(-{0})",
-    Op.SIGMOID: "cx_sigmoid({0})",
-    Op.TANH: "tanhf({0})",
-    Op.RELU: "fmaxf({0}, 0.0f)",
-    Op.EXP: "expf({0})",
-    Op.LOG: "logf({0})",
-    Op.ABS: "fabsf({0})",
-    Op.SOFTPLUS: "cx_softplus({0})",
-    Op.STEP: "({0} > 0.0f ? 1.0f : 0.0f)",
-    Op.SIGN: "cx_sign({0})",
-    Op.EQ: "({0} == {1} ? 1.0f : 0.0f)",
-}
+
+def c_helpers(used: set[Op]) -> list[str]:
+    """The C helper functions the texts of the `used` ops call, in registry order (without qualifiers)."""
+    return [d.c_helper for op, d in OPS.items() if op in used and d.c_helper]
 
 
 def float_literal(value: float) -> str:
@@ -135,7 +121,7 @@ class KernelExprs:
             inner = self.ref(value.args[0], rows, row, f"({col}) - {lo}")
             return f"(({col}) >= {lo} && ({col}) < {lo + size} ? {inner} : 0.0f)"
         operands = [self.ref(arg, rows, row, col) for arg in value.args]
-        return OP_EXPR[op].format(*operands)
+        return OPS[op].c.format(*operands)
 
     def _slice_offset(self, value: Value) -> int:
         """Where a slice starts in its base's flattened row (rows of a matrix count whole rows)."""

@@ -16,6 +16,7 @@ import jinja2
 
 from cortexc.codegen.exprs import (
     KernelExprs,
+    c_helpers,
     gradient_symbol,
     hoisted_symbol,
     input_symbol,
@@ -25,7 +26,7 @@ from cortexc.codegen.exprs import (
 )
 from cortexc.codegen.target import Target
 from cortexc.ir.cell import Cell
-from cortexc.ir.ops import Op
+from cortexc.ir.ops import OPS, Op
 from cortexc.ir.program import (
     AccumOuter,
     AccumSum,
@@ -40,6 +41,8 @@ from cortexc.ir.program import (
     SmallMatmul,
     Softmax,
     Store,
+    StoreMode,
+    StoreTarget,
 )
 from cortexc.passes.schedule import width
 
@@ -62,7 +65,7 @@ def abi(cell: Cell, program: Program) -> dict[str, list[str]]:
         "packed": [w.name for w in program.packed],
         "inputs": [i.name for i in cell.inputs],
         "states": [s.name for s in cell.states],
-        "hoisted": [name for name, _ in cell.pre.results] if cell.pre is not None else [],
+        "hoisted": [name for name, _ in cell.pre.named_results] if cell.pre is not None else [],
         "outputs": [o.name for o in cell.outputs],
     }
 
@@ -118,6 +121,7 @@ def render(program: Program, target: Target, source_file: str) -> str:
     template = environment().get_template("kernels.j2")
     return template.render(
         target=target,
+        c_helpers=c_helpers({v.op for k in program.kernels for v in k.body.values}),
         nr=target.gemm_nr,
         mr=target.gemm_mr,
         source_file=source_file,
@@ -193,18 +197,19 @@ def _symbols(cell: Cell, program: Program, kernel: Kernel, target: Target) -> li
     stores = [s for s in kernel.steps if isinstance(s, Store)]
     used_params = {v.name for v in values if v.op == Op.PARAM}
     used_inputs = {v.name for v in values if v.op == Op.INPUT}
-    used_inputs |= {s.index_input for s in stores if s.target == "d_embed"}
+    used_inputs |= {s.index_input for s in stores if s.target == StoreTarget.D_EMBED}
     used_states = {v.name for v in values if v.op in (Op.STATE, Op.CHILD_STATE, Op.CHILD_STATE_AT)}
-    used_states |= {s.name for s in stores if s.target == "state"}
-    used_hoisted = {v.name for v in values if v.op == Op.HOISTED} | {s.name for s in stores if s.target == "pre"}
+    used_states |= {s.name for s in stores if s.target == StoreTarget.STATE}
+    used_hoisted = {v.name for v in values if v.op == Op.HOISTED}
+    used_hoisted |= {s.name for s in stores if s.target == StoreTarget.PRE}
     used_packed = {s.packed for s in kernel.steps if isinstance(s, Gemm)}
     adjoints = {v.name for v in values if v.op == Op.ADJOINT}
-    d_states = {s.name for s in stores if s.target in ("d_state", "d_child", "d_child_at")}
+    d_states = {s.name for s in stores if s.target in _STATE_GRADIENT_TARGETS}
     d_states |= adjoints if kernel.adjoints == "state" else set()
-    d_hoisted = {s.name for s in stores if s.target == "d_hoisted"}
+    d_hoisted = {s.name for s in stores if s.target == StoreTarget.D_HOISTED}
     d_hoisted |= adjoints if kernel.adjoints == "pre" else set()
-    d_inputs = {s.name for s in stores if s.target == "d_input"}
-    d_params = {s.name for s in stores if s.target == "d_embed"}
+    d_inputs = {s.name for s in stores if s.target == StoreTarget.D_INPUT}
+    d_params = {s.name for s in stores if s.target == StoreTarget.D_EMBED}
     upstream = adjoints if kernel.adjoints == "output" else set()
     accumulated = {s.param for s in kernel.steps if isinstance(s, AccumOuter | AccumSum)}
     decls = []
@@ -222,7 +227,7 @@ def _symbols(cell: Cell, program: Program, kernel: Kernel, target: Target) -> li
             decls.append(f"const {kind} *{input_symbol(name)} = (const {kind} *)call->inputs[{index}];")
     declare(table["states"], used_states, lambda i, n: f"float *{state_symbol(n)} = call->states[{i}];")
     declare(table["hoisted"], used_hoisted, lambda i, n: f"float *{hoisted_symbol(n)} = call->hoisted[{i}];")
-    stored_outputs = {s.name for s in stores if s.target == "output"}
+    stored_outputs = {s.name for s in stores if s.target == StoreTarget.OUTPUT}
     declare(table["outputs"], stored_outputs, lambda i, n: f"float *{output_symbol(n)} = call->outputs[{i}];")
     declare(table["states"], d_states, lambda i, n: f"float *{gradient_symbol('state', n)} = grad->d_states[{i}];")
     declare(table["hoisted"], d_hoisted, lambda i, n: f"float *{gradient_symbol('pre', n)} = grad->d_hoisted[{i}];")
@@ -275,7 +280,7 @@ def _kernel_context(
     )
     uses_pre_base = (
         any(v.op == Op.HOISTED for v in kernel.body.values)
-        or any(isinstance(s, Store) and s.target in ("pre", "d_hoisted") for s in kernel.steps)
+        or any(isinstance(s, Store) and s.target in (StoreTarget.PRE, StoreTarget.D_HOISTED) for s in kernel.steps)
         or kernel.adjoints == "pre"
     )
     return {
@@ -293,19 +298,23 @@ def _kernel_context(
     }
 
 
+#: the stores that write a state's gradient (the kernel declares those arrays)
+_STATE_GRADIENT_TARGETS = (StoreTarget.D_STATE, StoreTarget.D_CHILD, StoreTarget.D_CHILD_AT)
+
+
 def _store_destination(kernel: Kernel, step: Store) -> str:
     """The first element of the row a store writes, for row `i` of the tile."""
     w = step.width
     rows = {
-        "state": (state_symbol(step.name), "nd[i]"),
-        "pre": (hoisted_symbol(step.name), "(pre_base + i)"),
-        "output": (output_symbol(step.name), "(pos0 + i)"),
-        "d_state": (gradient_symbol("state", step.name), "nd[i]"),
-        "d_child": (gradient_symbol("state", step.name), "ch[i]"),
-        "d_child_at": (gradient_symbol("state", step.name), f"kid{step.k}[i]"),
-        "d_hoisted": (gradient_symbol("pre", step.name), "(pre_base + i)"),
-        "d_input": (gradient_symbol("input", step.name), "nd[i]"),
-        "d_embed": (gradient_symbol("param", step.name), f"(int64_t){input_symbol(step.index_input)}[nd[i]]"),
+        StoreTarget.STATE: (state_symbol(step.name), "nd[i]"),
+        StoreTarget.PRE: (hoisted_symbol(step.name), "(pre_base + i)"),
+        StoreTarget.OUTPUT: (output_symbol(step.name), "(pos0 + i)"),
+        StoreTarget.D_STATE: (gradient_symbol("state", step.name), "nd[i]"),
+        StoreTarget.D_CHILD: (gradient_symbol("state", step.name), "ch[i]"),
+        StoreTarget.D_CHILD_AT: (gradient_symbol("state", step.name), f"kid{step.k}[i]"),
+        StoreTarget.D_HOISTED: (gradient_symbol("pre", step.name), "(pre_base + i)"),
+        StoreTarget.D_INPUT: (gradient_symbol("input", step.name), "nd[i]"),
+        StoreTarget.D_EMBED: (gradient_symbol("param", step.name), f"(int64_t){input_symbol(step.index_input)}[nd[i]]"),
     }
     array, row = rows[step.target]
     return f"{array} + {row} * {w}"
@@ -379,7 +388,8 @@ def _step_context(exprs: KernelExprs, kernel: Kernel, step) -> dict[str, Any]:
             "out": step.out,
             "width": step.width,
             "x": exprs.ref(value.args[0], step.rows, "i", "j"),
-            "log": step.log,
+            "row_setup": OPS[value.op].c_row_setup,
+            "element": OPS[value.op].c.format(exprs.ref(value.args[0], step.rows, "i", "j")),
         }
     if isinstance(step, SmallMatmul):
         value = values[step.value]
@@ -428,11 +438,11 @@ def _step_context(exprs: KernelExprs, kernel: Kernel, step) -> dict[str, Any]:
     if isinstance(step, Store):
         return {
             "kind": "store",
-            "doc": f"{step.target} {step.name} {'=' if step.mode == 'set' else '+='} %{step.value}",
+            "doc": f"{step.target.value} {step.name} {'=' if step.mode == StoreMode.SET else '+='} %{step.value}",
             "count": _count(step.rows),
             "dst": _store_destination(kernel, step),
             "width": step.width,
-            "mode": step.mode,
+            "mode": step.mode.value,
             "expr": exprs.ref(step.value, step.rows, "i", "j"),
         }
     raise NotImplementedError(type(step))  # pragma: no cover

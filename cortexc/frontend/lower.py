@@ -10,6 +10,7 @@ no result needs are dropped at the end of each body.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -91,7 +92,7 @@ class BodyBuilder:
     def label(self, index: int, name: str) -> None:
         self._labels.setdefault(index, name)
 
-    def finish(self, kind: BodyKind, results: list[tuple[str, int]]) -> ir.Body:
+    def finish(self, kind: BodyKind, results: Sequence[tuple[ir.ResultKey, int]]) -> ir.Body:
         """The body with only the values some result needs, renumbered in order."""
         live = set()
         stack = [index for _, index in results]

@@ -47,6 +47,45 @@ class Value:
         return self.attr("name")
 
 
+class GradKind(enum.Enum):
+    """Where a gradient body's result flows (the value is its spelling in dumps)."""
+
+    PARAM = "d_param"  # a param's gradient, per node (summed over the nodes by whoever runs the body)
+    INPUT = "d_input"  # a float input's row for this node
+    EMBED = "d_embed"  # the looked-up row of a table (`index` names the index input that chose it)
+    CHILD = "d_child"  # a state of every child (one row per child)
+    CHILD_AT = "d_child_at"  # a state of child `k`
+    HOISTED = "d_hoisted"  # this node's row of a result of the `pre` body
+    STATE = "d_state"  # the node's own state (from a read-out)
+
+
+@dataclass(frozen=True)
+class GradTarget:
+    """The key of a GRAD body's result: what the gradient is of. Prints as ``d_child_at/k/h``."""
+
+    kind: GradKind
+    name: str  # the param, input, table, state or hoisted result
+    k: int | None = None  # CHILD_AT: which child
+    index: str | None = None  # EMBED: the index input
+
+    def __post_init__(self) -> None:
+        if (self.k is not None) != (self.kind == GradKind.CHILD_AT):
+            raise ValueError(f"{self.kind.value} needs a child position k exactly when it is d_child_at")
+        if (self.index is not None) != (self.kind == GradKind.EMBED):
+            raise ValueError(f"{self.kind.value} needs an index input exactly when it is d_embed")
+
+    def __str__(self) -> str:
+        if self.kind == GradKind.CHILD_AT:
+            return f"{self.kind.value}/{self.k}/{self.name}"
+        if self.kind == GradKind.EMBED:
+            return f"{self.kind.value}/{self.name}/{self.index}"
+        return f"{self.kind.value}/{self.name}"
+
+
+#: a body's result key: a state, output or hoisted name (forward bodies), or a gradient target (GRAD bodies)
+ResultKey = str | GradTarget
+
+
 class BodyKind(enum.Enum):
     LEAF = "leaf"  # nodes without children
     NODE = "node"  # nodes with children (or every node, before specialisation without a leaf block)
@@ -65,21 +104,44 @@ class Body:
 
     kind: BodyKind
     values: tuple[Value, ...]
-    results: tuple[tuple[str, int], ...]
+    results: tuple[tuple[ResultKey, int], ...]
 
-    def result(self, name: str) -> int:
+    def result(self, name: ResultKey) -> int:
         for result_name, index in self.results:
             if result_name == name:
                 return index
         raise KeyError(name)
+
+    @property
+    def named_results(self) -> tuple[tuple[str, int], ...]:
+        """The results of a forward body, by state, output or hoisted name."""
+        named = tuple((key, index) for key, index in self.results if isinstance(key, str))
+        if len(named) != len(self.results):
+            raise TypeError(f"a {self.kind.value} body with gradient results")
+        return named
+
+    @property
+    def grad_results(self) -> tuple[tuple[GradTarget, int], ...]:
+        """The results of a GRAD body, by gradient target."""
+        targets = tuple((key, index) for key, index in self.results if isinstance(key, GradTarget))
+        if len(targets) != len(self.results):
+            raise TypeError(f"a {self.kind.value} body with named results")
+        return targets
 
     def reads_children(self) -> bool:
         return any(v.op in CHILD_READ_OPS for v in self.values)
 
 
 class Structure(enum.Enum):
+    """What a cell runs on; stages ask its properties, not which kind it is."""
+
     TREE = "tree"
     DAG = "dag"
+
+    @property
+    def shares_children(self) -> bool:
+        """A child may have several parents, possibly in one level (its gradients are added atomically)."""
+        return self is Structure.DAG
 
 
 class InitKind(enum.Enum):
@@ -142,12 +204,10 @@ class Gradients:
     Each recomputes its forward body for one node (from the saved states of
     its children, its inputs and the params) and then propagates the
     adjoints of the body's results, which it reads as `adjoint` values. Its
-    results are named ``d_param/W``, ``d_input/x`` (per node),
-    ``d_embed/E/w`` (the gradient of row ``w`` of ``E``), ``d_child/h``
-    (per child), ``d_child_at/k/h``, ``d_hoisted/pre0`` and, in outputs,
-    ``d_state/h``: what flows to the params, the inputs, the children, the
-    pre body and the node's own states. Param gradients are per node and
-    summed over the nodes by whoever runs the body.
+    results are keyed by `GradTarget`: what flows to the params, the inputs
+    (and looked-up table rows), the children, the pre body and, in outputs,
+    the node's own states. Param gradients are per node and summed over the
+    nodes by whoever runs the body.
     """
 
     leaf: Body

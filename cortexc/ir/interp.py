@@ -12,12 +12,13 @@ with no special case; `mean` and `max` of no children are defined as 0.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-from cortexc.ir.cell import Body, Cell, Value
-from cortexc.ir.ops import Domain, Op
+from cortexc.ir.cell import Body, Cell, GradKind, Value
+from cortexc.ir.ops import OPS, Domain, Op, OpKind
 from cortexc.runtime.forest import Forest
 from cortexc.runtime.params import check_params
 from cortexc.runtime.validate import check_forest, check_inputs
@@ -37,44 +38,6 @@ class _Node:
         self.dtype = dtype
         self.hoisted: dict[str, np.ndarray] = {}  # this node's results of the cell's `pre` body
         self.adjoints: dict[str, np.ndarray] = {}  # incoming gradients, for gradient bodies
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        return 1.0 / (1.0 + np.exp(-x))
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    shifted = np.exp(x - x.max(axis=-1, keepdims=True))
-    return shifted / shifted.sum(axis=-1, keepdims=True)
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    shifted = x - x.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-
-
-UNARY: dict[Op, Callable[[np.ndarray], np.ndarray]] = {
-    Op.NEG: np.negative,
-    Op.SIGMOID: _sigmoid,
-    Op.TANH: np.tanh,
-    Op.RELU: lambda x: np.maximum(x, 0),
-    Op.EXP: np.exp,
-    Op.LOG: np.log,
-    Op.ABS: np.abs,
-    Op.SOFTPLUS: lambda x: np.logaddexp(0, x),
-    Op.STEP: lambda x: (x > 0).astype(x.dtype),
-    Op.SIGN: np.sign,
-    Op.SOFTMAX: _softmax,
-    Op.LOG_SOFTMAX: _log_softmax,
-}
-BINARY: dict[Op, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    Op.ADD: np.add,
-    Op.SUB: np.subtract,
-    Op.MUL: np.multiply,
-    Op.DIV: np.divide,
-    Op.EQ: lambda a, b: np.equal(a, b).astype(np.result_type(a, b)),
-}
 
 
 def _batched(x: np.ndarray, value: Value, rank: int) -> np.ndarray:
@@ -131,27 +94,27 @@ def eval_value(
         lo, rank = value.attr("lo"), len(value.shape)
         shape = args[0].shape[: args[0].ndim - rank] + value.shape
         padded = np.zeros(shape, node.dtype)
-        window = (Ellipsis, slice(lo, lo + arg_values[0].shape[0])) + (slice(None),) * (rank - 1)
-        padded[window] = args[0]
+        place: tuple[Any, ...] = (Ellipsis, slice(lo, lo + arg_values[0].shape[0])) + (slice(None),) * (rank - 1)
+        padded[place] = args[0]
         return padded
     if op == Op.CONST:
         return np.full(value.shape, value.attr("value"), node.dtype)
-    if op in BINARY:
-        rank = len(value.shape)
-        a, b = (_batched(x, v, rank) for x, v in zip(args, arg_values))
-        return BINARY[op](a, b).astype(node.dtype, copy=False)
-    if op in UNARY:
-        return UNARY[op](args[0]).astype(node.dtype, copy=False)
+    definition = OPS.get(op)
+    if definition is not None:  # elementwise and vector ops: the registry's NumPy rule
+        if definition.kind == OpKind.BINARY:
+            rank = len(value.shape)
+            args = [_batched(x, v, rank) for x, v in zip(args, arg_values)]
+        return definition.numpy(*args).astype(node.dtype, copy=False)
     if op == Op.MATMUL:
         a, b = args
         if len(arg_values[1].shape) == 1:
             return np.matmul(a, b[..., None])[..., 0]
         return np.matmul(a, b)
     if op == Op.SLICE:
-        window = slice(value.attr("lo"), value.attr("hi"))
+        rows = slice(value.attr("lo"), value.attr("hi"))
         if len(value.shape) == 2:  # rows of a matrix (made by autodiff for concat)
-            return args[0][..., window, :]
-        return args[0][..., window]
+            return args[0][..., rows, :]
+        return args[0][..., rows]
     if op == Op.CONCAT:
         axis = -1 if len(value.shape) == 1 else -2
         if value.domain == Domain.CHILD:
@@ -200,9 +163,9 @@ def run(
         node = _Node(int(index), children, states, inputs, params, dtype)
         if body is cell.node and cell.pre is not None:
             pre_values = eval_body(cell.pre, node)
-            node.hoisted = {name: pre_values[result] for name, result in cell.pre.results}
+            node.hoisted = {name: pre_values[result] for name, result in cell.pre.named_results}
         values = eval_body(body, node)
-        for name, result in body.results:
+        for name, result in body.named_results:
             states[name][index] = values[result]
     out: dict[str, np.ndarray] = dict(states)
     for output in cell.outputs:
@@ -238,8 +201,9 @@ def backward(
     for outputs at the roots). Index inputs get none; an embedding table gets
     the sum of the gradients of the rows that were looked up.
     """
-    if cell.grads is None:
-        raise ValueError("backward needs a cell with gradient bodies (the autodiff pass)")
+    grad_bodies, leaf_body = cell.grads, cell.leaf
+    if grad_bodies is None or leaf_body is None:
+        raise ValueError("backward needs a cell with gradient bodies (the specialize and autodiff passes)")
     check_forest(cell, forest)
     inputs = check_inputs(cell, forest, inputs, dtype)
     params = check_params(cell, params, dtype=dtype)
@@ -254,29 +218,28 @@ def backward(
     def accumulate(node: _Node, values: list[np.ndarray], body: Body) -> dict[str, np.ndarray]:
         """Send a gradient body's per-node results where they belong; returns the hoisted ones."""
         hoisted = {}
-        for name, index in body.results:
-            kind, *rest = name.split("/")
+        for target, index in body.grad_results:
             value = values[index]
-            if kind == "d_param":
-                grads[rest[0]] += value
-            elif kind == "d_input":
-                grads[rest[0]][node.index] += value
-            elif kind == "d_embed":
-                table, row = rest
-                grads[table][node.inputs[row][node.index]] += value
-            elif kind == "d_state":
-                d_states[rest[0]][node.index] += value
-            elif kind == "d_child":
-                np.add.at(d_states[rest[0]], node.children, value)
-            elif kind == "d_child_at":
-                k = int(rest[0])
-                if k < len(node.children):
-                    d_states[rest[1]][node.children[k]] += value
-            elif kind == "d_hoisted":
-                hoisted[rest[0]] = value
+            if target.kind == GradKind.PARAM:
+                grads[target.name] += value
+            elif target.kind == GradKind.INPUT:
+                grads[target.name][node.index] += value
+            elif target.kind == GradKind.EMBED:
+                assert target.index is not None  # GradTarget checks it is set for EMBED
+                grads[target.name][node.inputs[target.index][node.index]] += value
+            elif target.kind == GradKind.STATE:
+                d_states[target.name][node.index] += value
+            elif target.kind == GradKind.CHILD:
+                np.add.at(d_states[target.name], node.children, value)
+            elif target.kind == GradKind.CHILD_AT:
+                assert target.k is not None  # GradTarget checks it is set for CHILD_AT
+                if target.k < len(node.children):
+                    d_states[target.name][node.children[target.k]] += value
+            elif target.kind == GradKind.HOISTED:
+                hoisted[target.name] = value
         return hoisted
 
-    for output, grad_body in zip(cell.outputs, cell.grads.outputs):
+    for output, grad_body in zip(cell.outputs, grad_bodies.outputs):
         if output.name not in upstream:
             continue
         rows = np.asarray(forest.roots if output.at_root else np.arange(n), dtype=np.int64)
@@ -288,14 +251,14 @@ def backward(
     for index in forest.level_order[::-1]:
         children = forest.children(int(index))
         leaf = len(children) == 0
-        body, grad_body = (cell.leaf, cell.grads.leaf) if leaf else (cell.node, cell.grads.node)
+        body, grad_body = (leaf_body, grad_bodies.leaf) if leaf else (cell.node, grad_bodies.node)
         node = _Node(int(index), children, states, inputs, params, dtype)
         if not leaf and cell.pre is not None:
             pre_values = eval_body(cell.pre, node)
-            node.hoisted = {name: pre_values[result] for name, result in cell.pre.results}
-        node.adjoints = {name: d_states[name][index] for name, _ in body.results}
+            node.hoisted = {name: pre_values[result] for name, result in cell.pre.named_results}
+        node.adjoints = {name: d_states[name][index] for name, _ in body.named_results}
         hoisted = accumulate(node, eval_body(grad_body, node), grad_body)
-        if hoisted:
+        if hoisted and grad_bodies.pre is not None:
             node.adjoints = hoisted
-            accumulate(node, eval_body(cell.grads.pre, node), cell.grads.pre)
+            accumulate(node, eval_body(grad_bodies.pre, node), grad_bodies.pre)
     return grads

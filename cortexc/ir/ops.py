@@ -1,14 +1,24 @@
-"""The operations of the cortexc IR and the rules every stage shares about them.
+"""The operations of the cortexc IR, and every rule stages share about them.
 
-An op's *meaning* is its rule in `cortexc.ir.interp`; this module only says
-what kind of op it is (so passes and code generators can dispatch on groups)
-and how shapes and domains combine (so the checker, the lowering and the
-verifier agree by construction).
+Each elementwise and vector op is defined once, in `OPS`, as JAX's ``lax.py``
+keeps a primitive's rules side by side: its surface name, arity, shape rule,
+interpreter rule (NumPy), C/CUDA text (and the C helper that text calls),
+derivative and value at zero. The interpreter, the code generators, autodiff,
+specialisation and the front end all read that one entry, so a new function
+is one `Op` member plus one `OpDef`. The other ops move data or shapes
+(`STRUCTURAL_OPS`): each stage handles them itself. The IR imports neither
+passes nor codegen: the entries hold data and small functions only.
 """
 
 from __future__ import annotations
 
 import enum
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
 
 Shape = tuple[int, ...]
 
@@ -36,6 +46,9 @@ class Op(enum.Enum):
     LOG = "log"
     ABS = "abs"
     SOFTPLUS = "softplus"
+    GELU = "gelu"
+    SILU = "silu"
+    SQRT = "sqrt"
     # vector-wise
     SOFTMAX = "softmax"
     LOG_SOFTMAX = "log_softmax"
@@ -52,6 +65,7 @@ class Op(enum.Enum):
     STEP = "step"  # 1 where x > 0, else 0 (relu')
     SIGN = "sign"  # -1, 0 or 1 (abs')
     EQ = "eq"  # 1 where a == b, else 0 (which children hold a max)
+    GELU_GRAD = "gelu_grad"  # gelu'(x) = Phi(x) + x * phi(x)
     ROWSUM = "rowsum"  # sum of every element -> scalar
     PAD = "pad"  # attrs: lo, size; a slice put back in place, zeros elsewhere
     # children
@@ -72,31 +86,6 @@ class Domain(enum.IntEnum):
     CHILD = 2
 
 
-LEAF_OPS = frozenset(
-    {Op.PARAM, Op.INPUT, Op.STATE, Op.CHILD_STATE, Op.CHILD_STATE_AT, Op.HOISTED, Op.CONST, Op.ADJOINT, Op.NUM_CHILDREN}
-)
-BINARY_OPS = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.EQ})
-UNARY_OPS = frozenset({Op.NEG, Op.SIGMOID, Op.TANH, Op.RELU, Op.EXP, Op.LOG, Op.ABS, Op.SOFTPLUS, Op.STEP, Op.SIGN})
-ELEMENTWISE_OPS = BINARY_OPS | UNARY_OPS
-VECTOR_OPS = frozenset({Op.SOFTMAX, Op.LOG_SOFTMAX})
-REDUCE_OPS = frozenset({Op.SUM, Op.MEAN, Op.MAX})
-CHILD_READ_OPS = frozenset({Op.CHILD_STATE, Op.CHILD_STATE_AT, Op.NUM_CHILDREN})
-
-#: surface names of the built-in functions, as written in a `.cell` file
-UNARY_FUNCTIONS = {
-    "sigmoid": Op.SIGMOID,
-    "tanh": Op.TANH,
-    "relu": Op.RELU,
-    "exp": Op.EXP,
-    "log": Op.LOG,
-    "abs": Op.ABS,
-    "softplus": Op.SOFTPLUS,
-}
-VECTOR_FUNCTIONS = {"softmax": Op.SOFTMAX, "log_softmax": Op.LOG_SOFTMAX}
-REDUCTIONS = {"sum": Op.SUM, "mean": Op.MEAN, "max": Op.MAX}
-BINARY_SYMBOLS = {"+": Op.ADD, "-": Op.SUB, "*": Op.MUL, "/": Op.DIV}
-
-
 class ShapeError(Exception):
     """A shape rule is broken; the checker turns it into a located CellTypeError."""
 
@@ -112,6 +101,371 @@ def broadcast_shape(a: Shape, b: Shape) -> Shape:
     if not a:
         return b
     raise ShapeError(f"{fmt_shape(a)} and {fmt_shape(b)} differ")
+
+
+def same_shape(a: Shape) -> Shape:
+    """A unary elementwise op keeps its operand's shape."""
+    return a
+
+
+def vector_shape(a: Shape) -> Shape:
+    """A vector op (softmax) takes a vector and keeps its shape."""
+    if len(a) != 1:
+        raise ShapeError(f"takes a vector, not {fmt_shape(a)}")
+    return a
+
+
+# ----------------------------------------------------------------------------- the op registry
+
+
+class OpKind(enum.Enum):
+    UNARY = "unary"  # elementwise, one operand
+    BINARY = "binary"  # elementwise, two operands (scalars broadcast)
+    VECTOR = "vector"  # the whole vector at once (softmax); lowered to a row loop, not an expression
+
+
+class Derivatives(Protocol):
+    """What a derivative rule may build (autodiff implements it over the GRAD body being built).
+
+    Values are indices into that body; `op` takes an elementwise op (shape and
+    domain follow its operands), `rowsum` sums a vector to a scalar.
+    """
+
+    def op(self, op: Op, *args: int) -> int: ...
+
+    def const(self, number: float) -> int: ...
+
+    def rowsum(self, x: int) -> int: ...
+
+
+#: ``rule(d, g, y, args)``: given the adjoint ``g`` of ``y = op(*args)``, yield one contribution per
+#: argument, in argument order (None: nothing flows to it). A generator, so that each contribution is
+#: built just before autodiff adds it to its argument's adjoint.
+DerivativeRule = Callable[[Derivatives, int, int, Sequence[int]], Iterator[int | None]]
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """Everything about one elementwise or vector op.
+
+    ``c`` is the C/CUDA text (the same for both): for an elementwise op, over
+    its operands' expressions ``{0}``, ``{1}``; for a vector op, element ``j``
+    of the result row from ``{0}`` (element ``j`` of the argument), ``top``
+    (the row's max), ``total`` (the sum of ``expf({0} - top)``) and
+    ``out_row[j]`` (which holds ``expf({0} - top)``), after ``c_row_setup``
+    ran once for the row. ``c_helper`` defines a function that ``c`` calls
+    (emitted once per kernel file, with the target's qualifiers in front).
+    ``at_zero`` is the value with every operand zero (None: not a constant;
+    specialisation then computes the op on an explicit zero).
+    """
+
+    op: Op
+    kind: OpKind
+    surface: str | None  # the function name or operator symbol a .cell file writes; None: made by passes
+    shape: Callable[..., Shape]
+    numpy: Callable[..., np.ndarray]
+    c: str
+    derivative: DerivativeRule
+    at_zero: float | None
+    c_helper: str = ""
+    c_row_setup: str = ""
+
+    @property
+    def arity(self) -> int:
+        return 2 if self.kind == OpKind.BINARY else 1
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-x))
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    shifted = np.exp(x - x.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])  # NumPy has no erf; float64 then cast by the caller
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + _erf(x * math.sqrt(0.5)))
+
+
+def _gelu_grad(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + _erf(x * math.sqrt(0.5))) + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+
+
+def _sqrt(x: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore"):  # NaN for negatives, quietly, as torch.sqrt
+        return np.sqrt(x)
+
+
+def _no_gradient(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Iterator[int | None]:
+    """Piecewise constant (step, sign, eq): the derivative is 0 wherever it exists."""
+    for _ in args:
+        yield None
+
+
+def _d_add(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Iterator[int | None]:
+    yield g
+    yield g
+
+
+def _d_sub(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Iterator[int | None]:
+    yield g
+    yield d.op(Op.NEG, g)
+
+
+def _d_mul(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Iterator[int | None]:
+    a, b = args
+    yield d.op(Op.MUL, g, b)
+    yield d.op(Op.MUL, g, a)
+
+
+def _d_div(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Iterator[int | None]:
+    a, b = args
+    yield d.op(Op.DIV, g, b)
+    yield d.op(Op.NEG, d.op(Op.DIV, d.op(Op.MUL, g, y), b))
+
+
+def _d_neg(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Iterator[int | None]:
+    yield d.op(Op.NEG, g)
+
+
+def _d_sigmoid(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Iterator[int | None]:
+    yield d.op(Op.MUL, g, d.op(Op.MUL, y, d.op(Op.SUB, d.const(1.0), y)))
+
+
+def _d_tanh(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Iterator[int | None]:
+    yield d.op(Op.MUL, g, d.op(Op.SUB, d.const(1.0), d.op(Op.MUL, y, y)))
+
+
+def _d_relu(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Iterator[int | None]:
+    yield d.op(Op.MUL, g, d.op(Op.STEP, args[0]))
+
+
+def _d_exp(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Iterator[int | None]:
+    yield d.op(Op.MUL, g, y)
+
+
+def _d_log(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Iterator[int | None]:
+    yield d.op(Op.DIV, g, args[0])
+
+
+def _d_abs(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Iterator[int | None]:
+    yield d.op(Op.MUL, g, d.op(Op.SIGN, args[0]))
+
+
+def _d_softplus(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Iterator[int | None]:
+    yield d.op(Op.MUL, g, d.op(Op.SIGMOID, args[0]))
+
+
+def _d_gelu(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Iterator[int | None]:
+    yield d.op(Op.MUL, g, d.op(Op.GELU_GRAD, args[0]))
+
+
+def _d_gelu_grad(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Iterator[int | None]:
+    """gelu''(x) = phi(x) * (2 - x^2), phi the standard normal density."""
+    (a,) = args
+    square = d.op(Op.MUL, a, a)
+    phi = d.op(Op.MUL, d.const(1.0 / math.sqrt(2.0 * math.pi)), d.op(Op.EXP, d.op(Op.MUL, d.const(-0.5), square)))
+    yield d.op(Op.MUL, g, d.op(Op.MUL, phi, d.op(Op.SUB, d.const(2.0), square)))
+
+
+def _d_silu(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Iterator[int | None]:
+    """silu'(x) = s (1 + x (1 - s)) = s (1 + x - y) with s = sigmoid(x): finite at +-100 in float32."""
+    (a,) = args
+    s = d.op(Op.SIGMOID, a)
+    yield d.op(Op.MUL, g, d.op(Op.MUL, s, d.op(Op.SUB, d.op(Op.ADD, d.const(1.0), a), y)))
+
+
+def _d_sqrt(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Iterator[int | None]:
+    """g / (2 sqrt(x)), as torch: infinite at 0 (NaN where g is 0 too)."""
+    yield d.op(Op.DIV, g, d.op(Op.MUL, d.const(2.0), y))
+
+
+def _d_softmax(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Iterator[int | None]:
+    dot = d.rowsum(d.op(Op.MUL, g, y))
+    yield d.op(Op.MUL, y, d.op(Op.SUB, g, dot))
+
+
+def _d_log_softmax(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Iterator[int | None]:
+    total = d.rowsum(g)
+    yield d.op(Op.SUB, g, d.op(Op.MUL, d.op(Op.EXP, y), total))
+
+
+_SQRT1_2 = "0.70710678118654752f"  # 1 / sqrt(2)
+_INV_SQRT_2PI = "0.39894228040143268f"  # 1 / sqrt(2 pi)
+
+_U, _B, _V = OpKind.UNARY, OpKind.BINARY, OpKind.VECTOR
+
+#: the elementwise and vector ops, in the order their C helpers are emitted
+OPS: dict[Op, OpDef] = {
+    d.op: d
+    for d in (
+        OpDef(Op.ADD, _B, "+", broadcast_shape, np.add, "({0} + {1})", _d_add, 0.0),
+        OpDef(Op.SUB, _B, "-", broadcast_shape, np.subtract, "({0} - {1})", _d_sub, 0.0),
+        OpDef(Op.MUL, _B, "*", broadcast_shape, np.multiply, "({0} * {1})", _d_mul, 0.0),
+        OpDef(Op.DIV, _B, "/", broadcast_shape, np.divide, "({0} / {1})", _d_div, None),
+        OpDef(Op.NEG, _U, None, same_shape, np.negative, "(-{0})", _d_neg, 0.0),
+        OpDef(
+            Op.SIGMOID,
+            _U,
+            "sigmoid",
+            same_shape,
+            _sigmoid,
+            "cx_sigmoid({0})",
+            _d_sigmoid,
+            0.5,
+            c_helper="float cx_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }",
+        ),
+        OpDef(Op.TANH, _U, "tanh", same_shape, np.tanh, "tanhf({0})", _d_tanh, 0.0),
+        OpDef(Op.RELU, _U, "relu", same_shape, lambda x: np.maximum(x, 0), "fmaxf({0}, 0.0f)", _d_relu, 0.0),
+        OpDef(Op.EXP, _U, "exp", same_shape, np.exp, "expf({0})", _d_exp, 1.0),
+        OpDef(Op.LOG, _U, "log", same_shape, np.log, "logf({0})", _d_log, None),
+        OpDef(Op.ABS, _U, "abs", same_shape, np.abs, "fabsf({0})", _d_abs, 0.0),
+        OpDef(
+            Op.SOFTPLUS,
+            _U,
+            "softplus",
+            same_shape,
+            lambda x: np.logaddexp(0, x),
+            "cx_softplus({0})",
+            _d_softplus,
+            math.log(2.0),
+            c_helper="float cx_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }",
+        ),
+        OpDef(
+            Op.GELU,
+            _U,
+            "gelu",
+            same_shape,
+            _gelu,
+            "cx_gelu({0})",
+            _d_gelu,
+            0.0,
+            c_helper=f"float cx_gelu(float x) {{ return 0.5f * x * (1.0f + erff(x * {_SQRT1_2})); }}",
+        ),
+        OpDef(
+            Op.SILU,
+            _U,
+            "silu",
+            same_shape,
+            lambda x: x * _sigmoid(x),
+            "cx_silu({0})",
+            _d_silu,
+            0.0,
+            c_helper="float cx_silu(float x) { return x / (1.0f + expf(-x)); }",
+        ),
+        OpDef(Op.SQRT, _U, "sqrt", same_shape, _sqrt, "sqrtf({0})", _d_sqrt, 0.0),
+        OpDef(Op.SOFTMAX, _V, "softmax", vector_shape, _softmax, "out_row[j] / total", _d_softmax, None),
+        OpDef(
+            Op.LOG_SOFTMAX,
+            _V,
+            "log_softmax",
+            vector_shape,
+            _log_softmax,
+            "{0} - top - log_total",
+            _d_log_softmax,
+            None,
+            c_row_setup="const float log_total = logf(total);",
+        ),
+        OpDef(
+            Op.STEP,
+            _U,
+            None,
+            same_shape,
+            lambda x: (x > 0).astype(x.dtype),
+            "({0} > 0.0f ? 1.0f : 0.0f)",
+            _no_gradient,
+            0.0,
+        ),
+        OpDef(
+            Op.SIGN,
+            _U,
+            None,
+            same_shape,
+            np.sign,
+            "cx_sign({0})",
+            _no_gradient,
+            0.0,
+            c_helper="float cx_sign(float x) { return (float)((x > 0.0f) - (x < 0.0f)); }",
+        ),
+        OpDef(
+            Op.EQ,
+            _B,
+            None,
+            broadcast_shape,
+            lambda a, b: np.equal(a, b).astype(np.result_type(a, b)),
+            "({0} == {1} ? 1.0f : 0.0f)",
+            _no_gradient,
+            1.0,
+        ),
+        OpDef(
+            Op.GELU_GRAD,
+            _U,
+            None,
+            same_shape,
+            _gelu_grad,
+            "cx_gelu_grad({0})",
+            _d_gelu_grad,
+            0.5,
+            c_helper=(
+                f"float cx_gelu_grad(float x) {{ return 0.5f * (1.0f + erff(x * {_SQRT1_2}))"
+                f" + {_INV_SQRT_2PI} * x * expf(-0.5f * x * x); }}"
+            ),
+        ),
+    )
+}
+
+#: the ops that move data or shapes rather than compute numbers: every stage handles each one itself
+STRUCTURAL_OPS = frozenset(
+    {
+        Op.PARAM,
+        Op.INPUT,
+        Op.STATE,
+        Op.CHILD_STATE,
+        Op.CHILD_STATE_AT,
+        Op.HOISTED,
+        Op.CONST,
+        Op.ADJOINT,
+        Op.NUM_CHILDREN,
+        Op.MATMUL,
+        Op.SLICE,
+        Op.CONCAT,
+        Op.EMBED,
+        Op.TRANSPOSE,
+        Op.OUTER,
+        Op.ROWSUM,
+        Op.PAD,
+        Op.EXPAND,
+        Op.SUM,
+        Op.MEAN,
+        Op.MAX,
+    }
+)
+
+LEAF_OPS = frozenset(
+    {Op.PARAM, Op.INPUT, Op.STATE, Op.CHILD_STATE, Op.CHILD_STATE_AT, Op.HOISTED, Op.CONST, Op.ADJOINT, Op.NUM_CHILDREN}
+)
+BINARY_OPS = frozenset(op for op, d in OPS.items() if d.kind == OpKind.BINARY)
+UNARY_OPS = frozenset(op for op, d in OPS.items() if d.kind == OpKind.UNARY)
+ELEMENTWISE_OPS = BINARY_OPS | UNARY_OPS
+VECTOR_OPS = frozenset(op for op, d in OPS.items() if d.kind == OpKind.VECTOR)
+REDUCE_OPS = frozenset({Op.SUM, Op.MEAN, Op.MAX})
+CHILD_READ_OPS = frozenset({Op.CHILD_STATE, Op.CHILD_STATE_AT, Op.NUM_CHILDREN})
+
+#: surface names of the built-in functions and operators, as written in a `.cell` file
+UNARY_FUNCTIONS = {d.surface: op for op, d in OPS.items() if d.kind == OpKind.UNARY and d.surface}
+VECTOR_FUNCTIONS = {d.surface: op for op, d in OPS.items() if d.kind == OpKind.VECTOR and d.surface}
+BINARY_SYMBOLS = {d.surface: op for op, d in OPS.items() if d.kind == OpKind.BINARY and d.surface}
+REDUCTIONS = {"sum": Op.SUM, "mean": Op.MEAN, "max": Op.MAX}
 
 
 def matmul_shape(a: Shape, b: Shape) -> Shape:

@@ -126,6 +126,26 @@ class RowSum:
     width: int  # of the summed value
 
 
+class StoreTarget(enum.Enum):
+    """The forest-wide array a `Store` writes (the value is its spelling in generated comments)."""
+
+    STATE = "state"  # a state, by node
+    PRE = "pre"  # a hoisted row
+    OUTPUT = "output"
+    D_STATE = "d_state"  # gradient kernels: this node's state gradient
+    D_CHILD = "d_child"  # one row per child edge
+    D_CHILD_AT = "d_child_at"  # child k's row
+    D_HOISTED = "d_hoisted"
+    D_INPUT = "d_input"  # this node's input row
+    D_EMBED = "d_embed"  # the looked-up row of a table
+
+
+class StoreMode(enum.Enum):
+    SET = "set"
+    ADD = "add"  # rows no other row of the launch writes
+    ATOMIC_ADD = "atomic_add"  # rows several rows of one launch may add to (shared table rows, DAG children)
+
+
 @dataclass(frozen=True)
 class Store:
     """Write (or add) a value to a forest-wide array.
@@ -140,11 +160,11 @@ class Store:
     """
 
     value: int
-    target: str
+    target: StoreTarget
     name: str
     width: int
     rows: RowKind = RowKind.NODE
-    mode: str = "set"  # "set", "add" or "atomic_add"
+    mode: StoreMode = StoreMode.SET
     k: int = 0  # for d_child_at
     index_input: str = ""  # for d_embed: which index input chose the row
 

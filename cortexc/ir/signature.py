@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cortexc.ir.cell import Cell, Structure
+from cortexc.ir.cell import Cell
 from cortexc.runtime.signature import (
     CellSignature,
     InitSig,
@@ -18,7 +18,7 @@ def cell_signature(cell: Cell) -> CellSignature:
     """Declarations only: dims, params with their inits, inputs, states, outputs and the structure."""
     return CellSignature(
         name=cell.name,
-        structure=StructureSig(cell.structure.value, cell.structure is Structure.DAG, cell.arity),
+        structure=StructureSig(cell.structure.value, cell.structure.shares_children, cell.arity),
         dims=cell.dims,
         params=tuple(ParamSig(p.name, p.shape, InitSig(p.init.kind.value, tuple(p.init.args))) for p in cell.params),
         inputs=tuple(InputSig(i.name, i.shape, i.index_range) for i in cell.inputs),

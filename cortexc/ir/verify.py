@@ -7,17 +7,14 @@ A failure here is a bug in cortexc, not in the user's program, so it raises
 from __future__ import annotations
 
 from cortexc.errors import CortexcError
-from cortexc.ir.cell import Body, BodyKind, Cell, DType, Value
+from cortexc.ir.cell import Body, BodyKind, Cell, DType, Gradients, GradKind, GradTarget, Value
 from cortexc.ir.ops import (
-    BINARY_OPS,
+    OPS,
     REDUCE_OPS,
-    UNARY_OPS,
-    VECTOR_OPS,
     Domain,
     Op,
     Shape,
     ShapeError,
-    broadcast_shape,
     concat_shape,
     matmul_shape,
     pad_shape,
@@ -39,7 +36,7 @@ def verify_cell(cell: Cell, stage: str = "") -> Cell:
         _verify_body(cell, cell.leaf, BodyKind.LEAF, f"{cell.name}.leaf{where}")
     _verify_body(cell, cell.node, BodyKind.NODE, f"{cell.name}.node{where}")
     if cell.grads is not None:
-        _verify_grads(cell, where)
+        _verify_grads(cell, cell.grads, where)
     for out in cell.outputs:
         _verify_body(cell, out.body, BodyKind.OUTPUT, f"{cell.name}.output {out.name}{where}")
         if out.body.results != ((out.name, out.body.result(out.name)),):
@@ -52,10 +49,13 @@ def verify_cell(cell: Cell, stage: str = "") -> Cell:
     return cell
 
 
-def _verify_grads(cell: Cell, where: str) -> None:
-    grads = cell.grads
+def _verify_grads(cell: Cell, grads: Gradients, where: str) -> None:
+    if cell.leaf is None:
+        raise IRVerifyError(f"{cell.name}{where}: gradient bodies without a leaf body")
     pairs = [(grads.leaf, cell.leaf, BodyKind.LEAF, "leaf"), (grads.node, cell.node, BodyKind.NODE, "node")]
-    if grads.pre is not None:
+    if (grads.pre is None) != (cell.pre is None):
+        raise IRVerifyError(f"{cell.name}{where}: a gradient pre body exactly when there is a pre body")
+    if grads.pre is not None and cell.pre is not None:
         pairs.append((grads.pre, cell.pre, BodyKind.PRE, "pre"))
     pairs += [(g, o.body, BodyKind.OUTPUT, f"output {o.name}") for g, o in zip(grads.outputs, cell.outputs)]
     for grad, forward, role, name in pairs:
@@ -64,38 +64,39 @@ def _verify_grads(cell: Cell, where: str) -> None:
         for value in grad.values:
             if value.op == Op.ADJOINT and value.name not in dict(forward.results):
                 raise IRVerifyError(f"{label}: adjoint of {value.name}, which the forward body does not produce")
-        for result_name, index in grad.results:
-            _verify_grad_result(cell, result_name, grad.values[index], label)
+        for target, index in grad.grad_results:
+            _verify_grad_result(cell, target, grad.values[index], label)
 
 
-def _grad_result_shape(cell: Cell, name: str) -> tuple[tuple[int, ...], set[Domain]]:
-    kind, *rest = name.split("/")
+def _grad_result_shape(cell: Cell, target: GradTarget) -> tuple[tuple[int, ...], set[Domain]]:
     per_node = {Domain.NODE, Domain.PARAM}
-    if kind == "d_param":
-        return cell.param(rest[0]).shape, per_node
-    if kind == "d_input":
-        return cell.input(rest[0]).shape, per_node
-    if kind == "d_embed":
-        return (cell.param(rest[0]).shape[1],), per_node
-    if kind == "d_child":
-        return cell.state(rest[0]).shape, {Domain.CHILD}
-    if kind == "d_child_at":
-        return cell.state(rest[1]).shape, per_node
-    if kind == "d_state":
-        return cell.state(rest[0]).shape, per_node
-    if kind == "d_hoisted":
-        pre = cell.pre.values[cell.pre.result(rest[0])]
-        return pre.shape, per_node
-    raise KeyError(name)
+    kind, name = target.kind, target.name
+    if kind == GradKind.PARAM:
+        return cell.param(name).shape, per_node
+    if kind == GradKind.INPUT:
+        return cell.input(name).shape, per_node
+    if kind == GradKind.EMBED:
+        if target.index is None or not cell.input(target.index).is_index:
+            raise KeyError(target.index)
+        return (cell.param(name).shape[1],), per_node
+    if kind == GradKind.CHILD:
+        return cell.state(name).shape, {Domain.CHILD}
+    if kind == GradKind.CHILD_AT:
+        return cell.state(name).shape, per_node
+    if kind == GradKind.STATE:
+        return cell.state(name).shape, per_node
+    if kind == GradKind.HOISTED and cell.pre is not None:
+        return cell.pre.values[cell.pre.result(name)].shape, per_node
+    raise KeyError(str(target))
 
 
-def _verify_grad_result(cell: Cell, name: str, value: Value, where: str) -> None:
+def _verify_grad_result(cell: Cell, target: GradTarget, value: Value, where: str) -> None:
     try:
-        shape, domains = _grad_result_shape(cell, name)
-    except (KeyError, IndexError, AttributeError):
-        raise IRVerifyError(f"{where}: unknown gradient result {name}") from None
+        shape, domains = _grad_result_shape(cell, target)
+    except (KeyError, IndexError):
+        raise IRVerifyError(f"{where}: unknown gradient result {target}") from None
     if value.shape != shape or value.domain not in domains:
-        raise IRVerifyError(f"{where}: gradient {name} has shape {value.shape} {value.domain.name}, expected {shape}")
+        raise IRVerifyError(f"{where}: gradient {target} has shape {value.shape} {value.domain.name}, expected {shape}")
 
 
 def _verify_body(cell: Cell, body: Body, kind: BodyKind, where: str, role: BodyKind | None = None) -> None:
@@ -109,6 +110,8 @@ def _verify_body(cell: Cell, body: Body, kind: BodyKind, where: str, role: BodyK
         except (ShapeError, KeyError, IRVerifyError) as err:
             raise IRVerifyError(f"{where}: {err}\n    {format_value(index, value)}") from None
     for name, index in body.results:
+        if isinstance(name, GradTarget) != (kind == BodyKind.GRAD):
+            raise IRVerifyError(f"{where}: result {name}: gradient targets are the results of gradient bodies only")
         if not 0 <= index < len(body.values):
             raise IRVerifyError(f"{where}: result {name} refers to missing value %{index}")
         if body.values[index].domain == Domain.CHILD and kind != BodyKind.GRAD:
@@ -143,9 +146,9 @@ def _verify_value(cell: Cell, body: Body, index: int, value: Value, role: BodyKi
     for arg in value.args:
         _expect(0 <= arg < index, f"argument %{arg} is not an earlier value")
     args = [body.values[a] for a in value.args]
-    for arg in args:
-        if arg.dtype == DType.I32:
-            _expect(value.op == Op.EMBED and arg is args[1], "an index value is used outside a look-up")
+    for arg_value in args:
+        if arg_value.dtype == DType.I32:
+            _expect(value.op == Op.EMBED and arg_value is args[1], "an index value is used outside a look-up")
     op = value.op
     shape: Shape
     domain: Domain
@@ -165,7 +168,9 @@ def _verify_value(cell: Cell, body: Body, index: int, value: Value, role: BodyKi
         if op == Op.CHILD_STATE_AT:
             _expect(cell.arity is not None and 0 <= value.attr("k") < cell.arity, "child index out of arity")
     elif op == Op.HOISTED:
-        _expect(role == BodyKind.NODE and cell.pre is not None, "hoisted values are read by node bodies")
+        _expect(role == BodyKind.NODE, "hoisted values are read by node bodies")
+        if cell.pre is None:
+            raise IRVerifyError("a hoisted value without a pre body")
         pre_value = cell.pre.values[cell.pre.result(value.name)]
         shape, domain = pre_value.shape, Domain.NODE
     elif op == Op.ADJOINT:
@@ -187,13 +192,9 @@ def _verify_value(cell: Cell, body: Body, index: int, value: Value, role: BodyKi
     elif op == Op.CONST:
         _expect(isinstance(value.attr("value"), float), "a constant must be a float")
         shape, domain = value.shape, Domain.PARAM  # a scalar, or a filled vector/matrix
-    elif op in BINARY_OPS:
-        shape = broadcast_shape(args[0].shape, args[1].shape)
-        domain = max(args[0].domain, args[1].domain)
-    elif op in UNARY_OPS or op in VECTOR_OPS:
-        shape, domain = args[0].shape, args[0].domain
-        if op in VECTOR_OPS:
-            _expect(len(shape) == 1, "softmax needs a vector")
+    elif op in OPS:  # elementwise and vector ops: the registry's shape rule
+        _expect(len(args) == OPS[op].arity, f"{op.value} takes {OPS[op].arity} args")
+        shape, domain = OPS[op].shape(*(a.shape for a in args)), max(a.domain for a in args)
     elif op == Op.MATMUL:
         shape, domain = matmul_shape(args[0].shape, args[1].shape), max(args[0].domain, args[1].domain)
     elif op == Op.SLICE:
@@ -228,9 +229,7 @@ _ARG_COUNT = {
     Op.CHILD_STATE: 0,
     Op.CHILD_STATE_AT: 0,
     Op.CONST: 0,
-    **{op: 2 for op in BINARY_OPS},
-    **{op: 1 for op in UNARY_OPS},
-    **{op: 1 for op in VECTOR_OPS},
+    **{op: d.arity for op, d in OPS.items()},
     Op.MATMUL: 2,
     Op.SLICE: 1,
     Op.EMBED: 2,

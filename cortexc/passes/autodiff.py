@@ -12,12 +12,10 @@ carried values, needed anyway); everything else a node computed (gates,
 products) is recomputed in the backward sweep from its children's saved
 states, which costs one more forward but no memory per intermediate.
 
-The rules, one per op (``g`` is the adjoint of ``y = op(args)``):
+The rules of the elementwise and vector ops are their registry entries'
+(`cortexc.ir.ops.OPS`, ``derivative``); the structural ops' rules are here
+(``g`` is the adjoint of ``y = op(args)``):
 
-* ``a + b``: g, g; ``a - b``: g, -g; ``a * b``: g*b, g*a; ``a / b``: g/b, -g*y/b
-* ``sigmoid``: g*y*(1-y); ``tanh``: g*(1-y*y); ``relu``: g*step(a); ``exp``: g*y;
-  ``log``: g/a; ``abs``: g*sign(a); ``softplus``: g*sigmoid(a)
-* ``softmax``: y*(g - rowsum(g*y)); ``log_softmax``: g - exp(y)*rowsum(g)
 * ``W @ x``: outer(g, x) to W, transpose(W) @ g to x; ``A @ B``: g @ transpose(B), transpose(A) @ g
 * slices: pad(g) back in place; ``concat``: the slices of g; ``E[w]``: g to row w of E
 * ``expand``: sum over the children; ``sum``: expand(g); ``mean``: expand(g / num_children);
@@ -31,8 +29,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from cortexc.frontend.lower import BodyBuilder
-from cortexc.ir.cell import Body, BodyKind, Cell, DType, Gradients, Value
+from cortexc.ir.cell import Body, BodyKind, Cell, DType, Gradients, GradKind, GradTarget, ResultKey, Value
 from cortexc.ir.ops import (
+    OPS,
     Domain,
     Op,
     broadcast_shape,
@@ -62,7 +61,7 @@ class _Reverse:
         self.b = BodyBuilder()
         self.copy: list[int] = []  # forward value index -> index in the new body
         self.adjoint: dict[int, int] = {}  # forward value index -> adjoint value in the new body
-        self.results: dict[str, int] = {}
+        self.results: dict[GradTarget, int] = {}
 
     # --- building blocks -----------------------------------------------------
     def v(self, index: int) -> Value:
@@ -81,11 +80,14 @@ class _Reverse:
     def const(self, number: float) -> int:
         return self.b.add(Op.CONST, (), (), Domain.PARAM, (("value", number),))
 
-    def add_result(self, name: str, g: int) -> None:
-        if name in self.results:
-            self.results[name] = self.op(Op.ADD, self.results[name], g)
+    def rowsum(self, x: int) -> int:
+        return self.op(Op.ROWSUM, x, shape=())
+
+    def add_result(self, target: GradTarget, g: int) -> None:
+        if target in self.results:
+            self.results[target] = self.op(Op.ADD, self.results[target], g)
         else:
-            self.results[name] = g
+            self.results[target] = g
 
     def contribute(self, forward_arg: int, g: int) -> None:
         """Add `g` to the adjoint of a forward value, reducing broadcast axes first."""
@@ -115,63 +117,34 @@ class _Reverse:
         for index in reversed(range(len(self.forward.values))):
             if index in self.adjoint:
                 self._rule(index, self.adjoint[index])
-        return self.b.finish(BodyKind.GRAD, sorted(self.results.items()))
+        # by their spelling, as the dumps show them
+        ordered: list[tuple[ResultKey, int]] = sorted(self.results.items(), key=lambda item: str(item[0]))
+        return self.b.finish(BodyKind.GRAD, ordered)
 
     def _rule(self, index: int, g: int) -> None:
         value = self.forward.values[index]
         op, args = value.op, value.args
         y = self.copy[index]
-        a = self.copy[args[0]] if args else None
-        b = self.copy[args[1]] if len(args) > 1 else None
-        one = self.const(1.0)
-        if op == Op.PARAM:
-            self.add_result(f"d_param/{value.name}", g)
+        self.const(1.0)  # before the rule's own values (many use it): the order the golden dumps show
+        definition = OPS.get(op)
+        if definition is not None:  # elementwise and vector ops: the registry's derivative
+            for arg, contribution in zip(args, definition.derivative(self, g, y, [self.copy[x] for x in args])):
+                if contribution is not None:
+                    self.contribute(arg, contribution)
+        elif op == Op.PARAM:
+            self.add_result(GradTarget(GradKind.PARAM, value.name), g)
         elif op == Op.INPUT:
-            self.add_result(f"d_input/{value.name}", g)
+            self.add_result(GradTarget(GradKind.INPUT, value.name), g)
         elif op == Op.STATE:
-            self.add_result(f"d_state/{value.name}", g)
+            self.add_result(GradTarget(GradKind.STATE, value.name), g)
         elif op == Op.CHILD_STATE:
-            self.add_result(f"d_child/{value.name}", g)
+            self.add_result(GradTarget(GradKind.CHILD, value.name), g)
         elif op == Op.CHILD_STATE_AT:
-            self.add_result(f"d_child_at/{value.attr('k')}/{value.name}", g)
+            self.add_result(GradTarget(GradKind.CHILD_AT, value.name, k=value.attr("k")), g)
         elif op == Op.HOISTED:
-            self.add_result(f"d_hoisted/{value.name}", g)
-        elif op == Op.ADD:
-            self.contribute(args[0], g)
-            self.contribute(args[1], g)
-        elif op == Op.SUB:
-            self.contribute(args[0], g)
-            self.contribute(args[1], self.op(Op.NEG, g))
-        elif op == Op.MUL:
-            self.contribute(args[0], self.op(Op.MUL, g, b))
-            self.contribute(args[1], self.op(Op.MUL, g, a))
-        elif op == Op.DIV:
-            self.contribute(args[0], self.op(Op.DIV, g, b))
-            self.contribute(args[1], self.op(Op.NEG, self.op(Op.DIV, self.op(Op.MUL, g, y), b)))
-        elif op == Op.NEG:
-            self.contribute(args[0], self.op(Op.NEG, g))
-        elif op == Op.SIGMOID:
-            self.contribute(args[0], self.op(Op.MUL, g, self.op(Op.MUL, y, self.op(Op.SUB, one, y))))
-        elif op == Op.TANH:
-            self.contribute(args[0], self.op(Op.MUL, g, self.op(Op.SUB, one, self.op(Op.MUL, y, y))))
-        elif op == Op.RELU:
-            self.contribute(args[0], self.op(Op.MUL, g, self.op(Op.STEP, a)))
-        elif op == Op.EXP:
-            self.contribute(args[0], self.op(Op.MUL, g, y))
-        elif op == Op.LOG:
-            self.contribute(args[0], self.op(Op.DIV, g, a))
-        elif op == Op.ABS:
-            self.contribute(args[0], self.op(Op.MUL, g, self.op(Op.SIGN, a)))
-        elif op == Op.SOFTPLUS:
-            self.contribute(args[0], self.op(Op.MUL, g, self.op(Op.SIGMOID, a)))
-        elif op == Op.SOFTMAX:
-            dot = self.op(Op.ROWSUM, self.op(Op.MUL, g, y), shape=())
-            self.contribute(args[0], self.op(Op.MUL, y, self.op(Op.SUB, g, dot)))
-        elif op == Op.LOG_SOFTMAX:
-            total = self.op(Op.ROWSUM, g, shape=())
-            self.contribute(args[0], self.op(Op.SUB, g, self.op(Op.MUL, self.op(Op.EXP, y), total)))
+            self.add_result(GradTarget(GradKind.HOISTED, value.name), g)
         elif op == Op.MATMUL:
-            self._matmul(args, a, b, g)
+            self._matmul(args, g)
         elif op == Op.SLICE:
             size = self.forward.values[args[0]].shape[0]
             lo = value.attr("lo")
@@ -188,7 +161,7 @@ class _Reverse:
                 start = stop
         elif op == Op.EMBED:
             table, row = (self.forward.values[x] for x in args)
-            self.add_result(f"d_embed/{table.name}/{row.name}", g)
+            self.add_result(GradTarget(GradKind.EMBED, table.name, index=row.name), g)
         elif op == Op.EXPAND:
             self.contribute(args[0], self.op(Op.SUM, g, domain=Domain.NODE))
         elif op == Op.SUM:
@@ -197,7 +170,7 @@ class _Reverse:
             count = self.b.add(Op.NUM_CHILDREN, (), (), Domain.NODE)
             self.contribute(args[0], self.op(Op.EXPAND, self.op(Op.DIV, g, count), domain=Domain.CHILD))
         elif op == Op.MAX:  # tied children share the gradient (as torch.amax does)
-            holds_max = self.op(Op.EQ, a, self.op(Op.EXPAND, y, domain=Domain.CHILD))
+            holds_max = self.op(Op.EQ, self.copy[args[0]], self.op(Op.EXPAND, y, domain=Domain.CHILD))
             ties = self.op(Op.SUM, holds_max, domain=Domain.NODE)
             share = self.op(Op.EXPAND, self.op(Op.DIV, g, ties), domain=Domain.CHILD)
             self.contribute(args[0], self.op(Op.MUL, holds_max, share))
@@ -206,7 +179,8 @@ class _Reverse:
         else:  # pragma: no cover - every forward op has a rule above
             raise NotImplementedError(f"autodiff has no rule for {op}")
 
-    def _matmul(self, args, a: int, b: int, g: int) -> None:
+    def _matmul(self, args: tuple[int, ...], g: int) -> None:
+        a, b = self.copy[args[0]], self.copy[args[1]]
         left, right = self.v(a), self.v(b)
         left_t = self.op(Op.TRANSPOSE, a, shape=(left.shape[1], left.shape[0]))
         if len(right.shape) == 1:

@@ -27,7 +27,18 @@ import math
 
 from cortexc.ir.cell import Value
 from cortexc.ir.ops import BINARY_OPS, REDUCE_OPS, UNARY_OPS, Op
-from cortexc.ir.program import AccumOuter, AccumSum, ColumnSplit, Gemm, Kernel, Loop, PlaceKind, Reduce, Store
+from cortexc.ir.program import (
+    AccumOuter,
+    AccumSum,
+    ColumnSplit,
+    Gemm,
+    Kernel,
+    Loop,
+    PlaceKind,
+    Reduce,
+    Store,
+    StoreMode,
+)
 
 #: ops whose column j reads column j of their operands (scalars broadcast)
 _COLUMNWISE = BINARY_OPS | UNARY_OPS | REDUCE_OPS | {Op.EXPAND}
@@ -49,7 +60,8 @@ def why_not(kernel: Kernel) -> str:
 
 def _analyse(kernel: Kernel) -> tuple[ColumnSplit | None, str]:
     values, places = kernel.body.values, kernel.places
-    if any(isinstance(s, AccumOuter | AccumSum) or isinstance(s, Store) and s.mode != "set" for s in kernel.steps):
+    accumulates = any(isinstance(s, AccumOuter | AccumSum) for s in kernel.steps)
+    if accumulates or any(isinstance(s, Store) and s.mode != StoreMode.SET for s in kernel.steps):
         return None, "a gradient kernel (accumulations, added stores)"
     computed = [places[i].kind != PlaceKind.SOURCE for i in range(len(values))]
     gemms = [s for s in kernel.steps if isinstance(s, Gemm)]

@@ -32,7 +32,7 @@ import math
 from collections import defaultdict
 from dataclasses import replace
 
-from cortexc.ir.cell import Body, Cell, Value
+from cortexc.ir.cell import Body, Cell, GradKind, GradTarget, Value
 from cortexc.ir.ops import BINARY_OPS, LEAF_OPS, REDUCE_OPS, UNARY_OPS, VECTOR_OPS, Domain, Op
 from cortexc.ir.program import (
     AccumOuter,
@@ -53,6 +53,8 @@ from cortexc.ir.program import (
     Softmax,
     Step,
     Store,
+    StoreMode,
+    StoreTarget,
 )
 from cortexc.passes.columns import column_split
 
@@ -140,14 +142,14 @@ def _accumulation_terms(
     return [(index, row_kind(value) if rows == RowKind.NODE else rows)]
 
 
-#: where a gradient result goes, and how it is written there
+#: where a gradient result goes, and how it is written there (param gradients are accumulated instead)
 _GRADIENT_STORES = {
-    "d_state": ("add", RowKind.NODE),
-    "d_child": ("add", RowKind.CHILD),
-    "d_child_at": ("add", RowKind.NODE),
-    "d_hoisted": ("set", RowKind.NODE),
-    "d_input": ("add", RowKind.NODE),
-    "d_embed": ("atomic_add", RowKind.NODE),
+    GradKind.STATE: (StoreTarget.D_STATE, StoreMode.ADD, RowKind.NODE),
+    GradKind.CHILD: (StoreTarget.D_CHILD, StoreMode.ADD, RowKind.CHILD),
+    GradKind.CHILD_AT: (StoreTarget.D_CHILD_AT, StoreMode.ADD, RowKind.NODE),
+    GradKind.HOISTED: (StoreTarget.D_HOISTED, StoreMode.SET, RowKind.NODE),
+    GradKind.INPUT: (StoreTarget.D_INPUT, StoreMode.ADD, RowKind.NODE),
+    GradKind.EMBED: (StoreTarget.D_EMBED, StoreMode.ATOMIC_ADD, RowKind.NODE),
 }
 
 
@@ -166,8 +168,8 @@ def _kernel(name: str, rows: Rows, body: Body, cell: Cell, packed: dict, adjoint
     accumulate: list[Step] = []
     glue: set[int] = set()  # adds and sums that only assemble those terms
     for result_name, index in body.results:
-        if result_name.startswith("d_param/"):
-            param = result_name.split("/", 1)[1]
+        if isinstance(result_name, GradTarget) and result_name.kind == GradKind.PARAM:
+            param = result_name.name
             terms = _accumulation_terms(body, index, uses)
             term_ids = {t for t, _ in terms}
             stack = [index]
@@ -277,30 +279,37 @@ def _kernel(name: str, rows: Rows, body: Body, cell: Cell, packed: dict, adjoint
             raise NotImplementedError(f"schedule has no rule for {op}")
 
     steps += accumulate
-    dag = cell.structure.value == "dag"
     for result_name, index in body.results:
-        kind, *rest = result_name.split("/")
         value_width = width(values[index])
-        if kind == "d_param":
-            continue
-        if kind not in _GRADIENT_STORES:  # a forward kernel: states, hoisted rows, outputs
-            target = {"": "state", "state": "state"}.get(adjoints, "state")
-            target = "pre" if name == "pre" else "output" if name.startswith("out_") else target
+        if not isinstance(result_name, GradTarget):  # a forward kernel: states, hoisted rows, outputs
+            target = StoreTarget.STATE
+            if name == "pre":
+                target = StoreTarget.PRE
+            elif name.startswith("out_"):
+                target = StoreTarget.OUTPUT
             steps.append(Store(index, target, result_name, value_width))
             continue
-        mode, store_rows = _GRADIENT_STORES[kind]
-        if dag and kind in ("d_child", "d_child_at"):
-            mode = "atomic_add"  # a shared child's parents may be in the same level
-        if kind == "d_child_at":
-            steps.append(Store(index, kind, rest[1], value_width, store_rows, mode, k=int(rest[0])))
-        elif kind == "d_embed":
-            steps.append(Store(index, kind, rest[0], value_width, store_rows, mode, index_input=rest[1]))
-        else:
-            steps.append(Store(index, kind, rest[0], value_width, store_rows, mode))
+        if result_name.kind == GradKind.PARAM:
+            continue
+        store_target, mode, store_rows = _GRADIENT_STORES[result_name.kind]
+        if cell.structure.shares_children and result_name.kind in (GradKind.CHILD, GradKind.CHILD_AT):
+            mode = StoreMode.ATOMIC_ADD  # a shared child's parents may be in the same level
+        steps.append(
+            Store(
+                index,
+                store_target,
+                result_name.name,
+                value_width,
+                store_rows,
+                mode,
+                k=result_name.k or 0,
+                index_input=result_name.index or "",
+            )
+        )
     child_ks = tuple(
         sorted(
             {v.attr("k") for v in values if v.op == Op.CHILD_STATE_AT}
-            | {s.k for s in steps if isinstance(s, Store) and s.target == "d_child_at"}
+            | {s.k for s in steps if isinstance(s, Store) and s.target == StoreTarget.D_CHILD_AT}
         )
     )
     return Kernel(name, rows, body, tuple(places), tuple(buffers), tuple(steps), child_ks, adjoints)

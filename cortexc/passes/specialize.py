@@ -13,12 +13,11 @@ optimisation, never a change of meaning.
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from cortexc.frontend.lower import BodyBuilder
-from cortexc.ir.cell import Body, BodyKind, Cell, Value
-from cortexc.ir.ops import Domain, Op
+from cortexc.ir.cell import Body, BodyKind, Cell, ResultKey, Value
+from cortexc.ir.ops import OPS, Domain, Op
 
 
 class _Zero:
@@ -31,17 +30,6 @@ class _Empty:
 
 ZERO, EMPTY = _Zero(), _Empty()
 Lowered = int | _Zero | _Empty
-
-#: what an elementwise function gives at 0 (None: no constant; emit the op on an explicit zero)
-_AT_ZERO = {
-    Op.NEG: 0.0,
-    Op.TANH: 0.0,
-    Op.RELU: 0.0,
-    Op.ABS: 0.0,
-    Op.SIGMOID: 0.5,
-    Op.EXP: 1.0,
-    Op.SOFTPLUS: math.log(2.0),
-}
 
 
 def specialize(cell: Cell) -> Cell:
@@ -70,8 +58,8 @@ def leaf_body(node: Body) -> Body:
         if isinstance(lowered[-1], int) and value.label:
             builder.label(lowered[-1], value.label)
 
-    results = []
-    for name, index in node.results:
+    results: list[tuple[ResultKey, int]] = []
+    for name, index in node.named_results:
         item = lowered[index]
         results.append((name, materialize(item, node.values[index])))
     body = builder.finish(BodyKind.LEAF, results)
@@ -102,15 +90,14 @@ def _fold(
 def _fold_zero(value: Value, args, arg_values, zeros, const) -> Lowered | None:
     """The result of an op with a known-zero argument, or None if it must be computed."""
     op = value.op
-    if op in _AT_ZERO:
-        return ZERO if _AT_ZERO[op] == 0.0 else const(value, _AT_ZERO[op])
+    definition = OPS.get(op)
+    if definition is not None and all(zeros) and definition.at_zero is not None:  # the registry's f(0)
+        return ZERO if definition.at_zero == 0.0 else const(value, definition.at_zero)
     if op in (Op.MATMUL, Op.MUL, Op.SLICE):
         return ZERO
     if op == Op.DIV and zeros[0]:
         return ZERO
-    if op in (Op.ADD, Op.SUB):
-        if all(zeros):
-            return ZERO
+    if op in (Op.ADD, Op.SUB):  # one zero operand (both: the registry's value at zero above)
         other = 1 if zeros[0] else 0
         if arg_values[other].shape != value.shape:
             return None  # the zero sets the shape: compute with it
