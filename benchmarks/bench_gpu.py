@@ -256,7 +256,7 @@ def torch_peers(params: Mapping[str, np.ndarray], device: str):
 
 def run_worker(args: argparse.Namespace, which: str) -> dict[str, Any]:
     """Check and time the implementations of one worker; their results by name (status, check, batches)."""
-    from cortexc.ir import interp
+    from cortexc.runtime import reference
     from cortexc.runtime.forest import Forest
 
     setup = make_setup(args)
@@ -298,7 +298,7 @@ def run_worker(args: argparse.Namespace, which: str) -> dict[str, Any]:
 
     check_forest = Forest.from_ptb(setup.lines[:CHECK_TREES])
     check_ids = setup.vocab.encode(check_forest)
-    reference = interp.run(setup.cell, check_forest, setup.params, {"word": check_ids})
+    reference = reference.run(setup.cell, check_forest, setup.params, {"word": check_ids})
     for name, (prepare, run, cap) in runners.items():
         started = time.perf_counter()
         try:

@@ -57,8 +57,8 @@ from benchmarks.peers import (  # noqa: E402
 )
 from cortexc.errors import CortexcError  # noqa: E402
 from cortexc.frontend import lower_source  # noqa: E402
-from cortexc.ir import interp  # noqa: E402
 from cortexc.ir.cell import Cell  # noqa: E402
+from cortexc.runtime import reference  # noqa: E402
 from cortexc.runtime.forest import Forest  # noqa: E402
 from cortexc.runtime.params import init_params  # noqa: E402
 from cortexc.runtime.vocab import Vocab  # noqa: E402
@@ -226,7 +226,7 @@ def check_against_interp(
     """
     forest = Forest.from_ptb(lines[:CHECK_TREES])
     ids = vocab.encode(forest)
-    ref = interp.run(cell, forest, params, {"word": ids})
+    ref = reference.run(cell, forest, params, {"word": ids})
     errors: dict[str, dict[str, float]] = {}
     compiled_failure = None
     for name, run in runners.items():
@@ -254,7 +254,7 @@ def bench_config(
     per_node = TorchPerNode(params)
     level = TorchLevelBatched(params)
     runners: dict[str, Runner] = {
-        "interp": lambda forest, ids: interp.run(cell, forest, params, {"word": ids}),
+        "interp": lambda forest, ids: reference.run(cell, forest, params, {"word": ids}),
         "torch_per_node": per_node,
         "torch_level_batched": level,
     }

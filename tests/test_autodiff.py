@@ -1,4 +1,4 @@
-"""Gradients (the `autodiff` pass run by `interp.backward`) against independent oracles.
+"""Gradients (the `autodiff` pass run by `reference.backward`) against independent oracles.
 
 Three kinds of oracle, none sharing code with the pass:
 
@@ -7,7 +7,7 @@ Three kinds of oracle, none sharing code with the pass:
    spec example and for cells written here to exercise every gradient rule;
 2. ``torch.autograd`` through per-node PyTorch implementations of the models written
    from their math (Child-Sum and binary Tree-LSTM, chain LSTM, MV-RNN), in float32
-   through the model API (``device="interp"``) and in float64 through `interp.backward`;
+   through the model API (``device="interp"``) and in float64 through `reference.backward`;
 3. hand computations: a DAG against the same DAG unrolled into a tree, linear cells
    whose gradients are sums of upstream gradients along paths, missing children.
 
@@ -21,9 +21,9 @@ import pytest
 
 import cortexc
 from cortexc.errors import CortexcError, InputError
-from cortexc.ir import interp
 from cortexc.ir.ops import Domain, Op
 from cortexc.pipeline import compile_file, compile_source
+from cortexc.runtime import reference
 from cortexc.runtime.forest import Forest
 from tests.conftest import EXAMPLES, random_inputs
 
@@ -61,14 +61,14 @@ def random_upstream(out: dict[str, np.ndarray], rng, names=None) -> dict[str, np
 
 
 def objective(cell, forest, params, inputs, upstream) -> float:
-    out = interp.run(cell, forest, params, inputs, np.float64)
+    out = reference.run(cell, forest, params, inputs, np.float64)
     return float(sum(np.sum(out[k] * g) for k, g in upstream.items()))
 
 
 def analytic(cell, forest, params, inputs, upstream, dtype=np.float64) -> dict[str, np.ndarray]:
-    out = interp.run(cell, forest, params, inputs, dtype)
+    out = reference.run(cell, forest, params, inputs, dtype)
     states = {s.name: out[s.name] for s in cell.states}
-    grads = interp.backward(cell, forest, params, inputs, states, upstream, dtype)
+    grads = reference.backward(cell, forest, params, inputs, states, upstream, dtype)
     expected = {p.name for p in cell.params} | {i.name for i in cell.inputs if not i.is_index}
     assert set(grads) == expected, "backward must give every param and every float input, nothing else"
     return grads
@@ -106,7 +106,7 @@ def fd_check(
     """
     params, inputs = dict(params), dict(inputs)
     grads = analytic(cell, forest, params, inputs, upstream)
-    out = interp.run(cell, forest, params, inputs, np.float64)
+    out = reference.run(cell, forest, params, inputs, np.float64)
     magnitude = float(sum(np.abs(out[k] * g).sum() for k, g in upstream.items()))
     worst: dict[str, float] = {}
     arrays = [("param", k, v) for k, v in params.items()]
@@ -154,7 +154,7 @@ def fd_case(
     """Random params, inputs and upstream gradients (outputs and states), then `fd_check`."""
     params = rand_params(cell, rng, scale)
     inputs = f64(random_inputs(cell, forest, rng))
-    out = interp.run(cell, forest, params, inputs, np.float64)
+    out = reference.run(cell, forest, params, inputs, np.float64)
     upstream = random_upstream(out, rng, upstream_names)
     focus = {table: inputs[index] for table, index in (focus_rows or {}).items()}
     return fd_check(cell, forest, params, inputs, upstream, rng, what, coords, focus)
@@ -426,7 +426,7 @@ def test_float64_gradients_vs_torch(name, rng):
     forest = Forest.from_parents(parents)
     params = rand_params(cell, rng)
     inputs = f64(random_inputs(cell, forest, rng))
-    out = interp.run(cell, forest, params, inputs, np.float64)
+    out = reference.run(cell, forest, params, inputs, np.float64)
     upstream = random_upstream(out, rng)
     ref_out, ref = torch_grads(torch, make_fn(children_of(parents)), params, inputs, upstream, np.float64)
     for k in ref_out:
@@ -771,7 +771,7 @@ cell MaxOfNode on tree {
 }""")
     forest = Forest.from_parents([3, 3, 3, -1])  # a root with three leaves
     x = np.arange(8.0).reshape(4, 2)
-    out = interp.run(cell, forest, {}, {"x": x}, np.float64)
+    out = reference.run(cell, forest, {}, {"x": x}, np.float64)
     np.testing.assert_array_equal(out["h"][3], 2 * x[3])
     upstream = {"h": np.zeros((4, 2))}
     upstream["h"][3] = 1.0
@@ -864,8 +864,8 @@ def test_dag_gradient_equals_unrolled_tree_with_duplicated_shared_nodes(rng):
     g_tree = rng.standard_normal((tree.num_nodes, 3))
     g_dag = np.zeros((12, 3))
     np.add.at(g_dag, origin, g_tree)  # copies share the value, so they share the loss term
-    out_dag = interp.run(cell, dag, params, {"x": x}, np.float64)
-    out_tree = interp.run(cell, tree, params, {"x": x[origin]}, np.float64)
+    out_dag = reference.run(cell, dag, params, {"x": x}, np.float64)
+    out_tree = reference.run(cell, tree, params, {"x": x[origin]}, np.float64)
     np.testing.assert_allclose(out_tree["h"], out_dag["h"][origin], rtol=1e-13)
     grad_dag = analytic(cell, dag, params, {"x": x}, {"h": g_dag})
     grad_tree = analytic(cell, tree, params, {"x": x[origin]}, {"h": g_tree})
@@ -1001,7 +1001,7 @@ def test_backward_upstream_of_the_wrong_shape(binary_model, name, shape):
 def test_output_at_root_upstream_has_one_row_per_root(rng):
     cell = inline(INVENTED["params_only"][1])
     forest = Forest.random(3, rng, binary=True, max_nodes=7)
-    out = interp.run(cell, forest, rand_params(cell, rng), f64(random_inputs(cell, forest, rng)), np.float64)
+    out = reference.run(cell, forest, rand_params(cell, rng), f64(random_inputs(cell, forest, rng)), np.float64)
     assert out["r"].shape == (3, 2)
     fd_case(cell, forest, rng, "output at root only", upstream_names={"r"})
 

@@ -19,8 +19,7 @@ import pytest
 import cortexc
 from cortexc import Forest
 from cortexc.cli import main
-from cortexc.ir import interp
-from cortexc.runtime import build
+from cortexc.runtime import build, reference
 from tests.conftest import EXAMPLES, REPO, random_inputs
 
 TINY = """\
@@ -75,7 +74,7 @@ def run_tiny(module, cell_name: str = "Tiny") -> dict[str, np.ndarray]:
     forest = Forest.random(4, 0, max_children=3)
     inputs = random_inputs(model.cell, forest, np.random.default_rng(0))
     out = model(forest, **inputs)
-    ref = interp.run(model.cell, forest, model.params, inputs)
+    ref = reference.run(model.cell, forest, model.params, inputs)
     for name in ref:
         assert np.abs(out[name] - ref[name]).max() <= 1e-5 * max(np.abs(ref[name]).max(), 1.0)
     return out
@@ -336,7 +335,7 @@ def test_generated_package_is_importable_from_its_directory(compiled_treelstm, m
         forest = Forest.random(6, 1, max_children=4)
         inputs = random_inputs(model.cell, forest, np.random.default_rng(1))
         out = model(forest, **inputs)
-        ref = interp.run(model.cell, forest, model.params, inputs)
+        ref = reference.run(model.cell, forest, model.params, inputs)
         for name in ("h", "c"):
             assert out[name].shape == (forest.num_nodes, 150)
             assert np.abs(out[name] - ref[name]).max() <= 1e-5 * np.abs(ref[name]).max()
@@ -351,7 +350,7 @@ STALE_KERNEL = """
 import sys
 import numpy as np, cortexc
 from cortexc import Forest
-from cortexc.ir import interp
+from cortexc.runtime import reference
 out_dir, path = sys.argv[1], sys.argv[2]
 wide = cortexc.load(path, out_dir, H=9)    # writes OUT/dagrnn/ for H=9
 cortexc.load(path, out_dir, H=7)           # the same directory, now H=7 (smaller: no overflow)
@@ -359,7 +358,7 @@ model = wide.DagRNN(device="cpu", seed=0)  # first run: reads the kernel source 
 forest = Forest.random_dag(30, 0)
 x = np.random.default_rng(0).standard_normal((30, 32)).astype(np.float32)
 got = model(forest, x=x)["h"]
-ref = interp.run(model.cell, forest, model.params, {"x": x})["h"]
+ref = reference.run(model.cell, forest, model.params, {"x": x})["h"]
 error = float(np.abs(got - ref).max() / np.abs(ref).max())
 print(f"max rel err {error:.3e}")
 sys.exit(0 if error < 1e-5 else 1)

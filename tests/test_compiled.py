@@ -19,8 +19,8 @@ import pytest
 
 import cortexc
 from cortexc import Forest, Vocab
-from cortexc.ir import interp
 from cortexc.ir.cell import Structure
+from cortexc.runtime import reference
 from tests.conftest import EXAMPLES, random_inputs, sst_path
 
 TOL = 1e-5
@@ -103,7 +103,7 @@ def assert_close(out, ref, label: str, tol: float = TOL) -> dict[str, float]:
 def compare(model, forest: Forest, inputs: dict, label: str, tol: float = TOL) -> dict:
     """Run `model` (device="cpu") and the interpreter with the same params; assert they agree."""
     out = model(forest, **inputs)
-    ref = interp.run(model.cell, forest, model.params, inputs)
+    ref = reference.run(model.cell, forest, model.params, inputs)
     assert_close(out, ref, label, tol)
     return out
 
@@ -271,7 +271,7 @@ def test_device_interp_is_the_reference():
         np.testing.assert_array_equal(cpu.params[name], eager.params[name])
     forest = Forest.random(5, 3, max_children=5)
     inputs = random_inputs(cpu.cell, forest, np.random.default_rng(3))
-    ref = interp.run(cpu.cell, forest, cpu.params, inputs)
+    ref = reference.run(cpu.cell, forest, cpu.params, inputs)
     got = eager(forest, **inputs)
     for name in ref:
         np.testing.assert_array_equal(got[name], ref[name])
@@ -301,7 +301,7 @@ def test_inputs_of_any_float_dtype_and_layout():
     x = np.random.default_rng(0).standard_normal((64, forest.num_nodes)).T  # float64, Fortran order
     assert not x.flags.c_contiguous
     out = model(forest, x=x)
-    ref = interp.run(model.cell, forest, model.params, {"x": x.astype(np.float32)})
+    ref = reference.run(model.cell, forest, model.params, {"x": x.astype(np.float32)})
     assert_close(out, ref, "float64 fortran x")
 
 
@@ -673,7 +673,7 @@ def test_empty_forest(stem):
     forest = Forest.from_parents(np.zeros(0, np.int64))
     inputs = random_inputs(model.cell, forest, np.random.default_rng(0))
     out = model(forest, **inputs)
-    ref = interp.run(model.cell, forest, model.params, inputs)
+    ref = reference.run(model.cell, forest, model.params, inputs)
     for name in ref:
         assert out[name].shape == ref[name].shape
 
@@ -863,7 +863,7 @@ def test_binary_treelstm_on_sst_dev(sst_dev, H):
     assert full["h"].shape == (forest.num_nodes, H) and full["logits"].shape == (forest.num_nodes, 5)
     trees = np.sort(np.random.default_rng(H).choice(forest.num_trees, 150, replace=False))
     subset = Forest.from_ptb([lines[t] for t in trees])
-    ref = interp.run(model.cell, subset, model.params, {"word": _word_ids(vocab, subset, V)})
+    ref = reference.run(model.cell, subset, model.params, {"word": _word_ids(vocab, subset, V)})
     rows = _rows_of_trees(forest, trees)
     assert_close({k: v[rows] for k, v in full.items()}, ref, f"SST dev binary H={H}")
 
@@ -919,6 +919,6 @@ def test_all_of_sst_train_in_one_call(sst_train):
 
     trees = np.sort(np.random.default_rng(0).choice(forest.num_trees, 200, replace=False))
     subset = Forest.from_ptb([lines[t] for t in trees])
-    ref = interp.run(model.cell, subset, model.params, {"word": _word_ids(vocab, subset, 21701)})
+    ref = reference.run(model.cell, subset, model.params, {"word": _word_ids(vocab, subset, 21701)})
     rows = _rows_of_trees(forest, trees)
     assert_close({k: v[rows] for k, v in full.items()}, ref, "SST train full vs interp (200 trees)")

@@ -17,6 +17,7 @@ import pytest
 from cortexc.errors import ForestError, InputError
 from cortexc.frontend import lower_source
 from cortexc.ir import interp
+from cortexc.runtime import reference
 from cortexc.runtime.forest import Forest
 from cortexc.runtime.params import check_params, init_params
 from tests.conftest import EXAMPLES, random_inputs, sst_path
@@ -245,7 +246,7 @@ def test_treelstm_random_trees(shape, dtype, rng):
     forest = Forest.from_parents(parents)
     params = as_dtype(rand_params(cell, rng), dtype)
     x = rng.standard_normal((forest.num_nodes, 16)).astype(dtype)
-    out = interp.run(cell, forest, params, {"x": x}, dtype=dtype)
+    out = reference.run(cell, forest, params, {"x": x}, dtype=dtype)
     h, c = treelstm_reference(params, x, parents)
     assert_close(out["h"], h, dtype, f"treelstm h {shape}")
     assert_close(out["c"], c, dtype, f"treelstm c {shape}")
@@ -257,7 +258,7 @@ def test_treelstm_sst(sst_dev, dtype, rng):
     cell = load("treelstm.cell", X=16, H=12)
     params = as_dtype(rand_params(cell, rng), dtype)
     x = rng.standard_normal((forest.num_nodes, 16)).astype(dtype)
-    out = interp.run(cell, forest, params, {"x": x}, dtype=dtype)
+    out = reference.run(cell, forest, params, {"x": x}, dtype=dtype)
     h, c = treelstm_reference(params, x, parents)
     assert_close(out["h"], h, dtype, "treelstm h sst")
     assert_close(out["c"], c, dtype, "treelstm c sst")
@@ -269,7 +270,7 @@ def test_treelstm_declared_init_runs(rng):
     forest = Forest.from_parents(tree_shape("forest", rng))
     params = init_params(cell, int(rng.integers(1 << 30)))
     inputs = random_inputs(cell, forest, rng)
-    out = interp.run(cell, forest, params, inputs)
+    out = reference.run(cell, forest, params, inputs)
     h, c = treelstm_reference(params, inputs["x"], forest.parents)
     assert_close(out["h"], h, np.float32, "treelstm h init_params")
     assert_close(out["c"], c, np.float32, "treelstm c init_params")
@@ -311,7 +312,7 @@ def test_binary_treelstm_sst(sst_dev, dtype, rng):
     word = np.array([vocab[w] if w is not None else 0 for w in words], np.int32)
     cell = load("binary_treelstm.cell", V=len(vocab), X=8, H=6)
     params = as_dtype(rand_params(cell, rng), dtype)
-    out = interp.run(cell, forest, params, {"word": word}, dtype=dtype)
+    out = reference.run(cell, forest, params, {"word": word}, dtype=dtype)
     h, c, logits = binary_treelstm_reference(params, word, parents)
     assert out["logits"].shape == (forest.num_nodes, 5)
     assert_close(out["h"], h, dtype, "binary treelstm h sst")
@@ -342,7 +343,7 @@ def test_output_at_root(dtype, rng):
     np.testing.assert_array_equal(forest.roots, roots)  # increasing node order
     params = as_dtype(rand_params(cell, rng), dtype)
     x = rng.standard_normal((len(parents), 4)).astype(dtype)
-    out = interp.run(cell, forest, params, {"x": x}, dtype=dtype)
+    out = reference.run(cell, forest, params, {"x": x}, dtype=dtype)
 
     s = np.array(ref_run(children_of(parents), lambda i, kids: x[i].astype(np.float64) + sum(kids)))
     W, b = params["W"].astype(np.float64), params["b"].astype(np.float64)
@@ -394,7 +395,7 @@ def test_lstm_chain_vs_torch(length, dtype, rng):
     assert forest.num_children[0] == 0 and list(forest.roots) == [length - 1]  # node 0 is step 0
     params = as_dtype(rand_params(cell, rng), dtype)
     x = rng.standard_normal((length, 5)).astype(dtype)
-    out = interp.run(cell, forest, params, {"x": x}, dtype=dtype)
+    out = reference.run(cell, forest, params, {"x": x}, dtype=dtype)
     hs, cs = torch_lstm_run(torch, params, x, dtype)
     assert_close(out["h"], hs, dtype, f"lstm h T={length}")
     assert_close(out["c"], cs, dtype, f"lstm c T={length}")
@@ -416,7 +417,7 @@ def test_lstm_batched_chains_vs_torch(dtype, rng):
     forest = Forest.from_parents(parents)
     params = as_dtype(rand_params(cell, rng), dtype)
     x = rng.standard_normal((n, 5)).astype(dtype)
-    out = interp.run(cell, forest, params, {"x": x}, dtype=dtype)
+    out = reference.run(cell, forest, params, {"x": x}, dtype=dtype)
     for chain in chains:
         hs, cs = torch_lstm_run(torch, params, x[chain], dtype)
         assert_close(out["h"][chain], hs, dtype, f"lstm batched h T={len(chain)}")
@@ -451,7 +452,7 @@ def test_dagrnn_shared_node_by_hand(monkeypatch, rng):
     params = rand_params(cell, rng)
     x = rng.standard_normal((6, 3))
     counts = count_evals(monkeypatch)
-    out = interp.run(cell, forest, params, {"x": x}, dtype=np.float64)
+    out = reference.run(cell, forest, params, {"x": x}, dtype=np.float64)
     assert counts == {i: 1 for i in range(6)}  # every node, the shared one included, exactly once
 
     W, U, b = params["W"], params["U"], params["b"]
@@ -488,7 +489,7 @@ def test_dagrnn_random_dag(monkeypatch, dtype, rng):
     params = as_dtype(rand_params(cell, rng), dtype)
     x = rng.standard_normal((n, 6)).astype(dtype)
     counts = count_evals(monkeypatch)
-    out = interp.run(cell, forest, params, {"x": x}, dtype=dtype)
+    out = reference.run(cell, forest, params, {"x": x}, dtype=dtype)
     assert counts == {i: 1 for i in range(n)}
     P = {k: v.astype(np.float64) for k, v in params.items()}
     h = ref_run(children, lambda i, kids: np.tanh(P["W"] @ x[i] + sum(P["U"] @ k for k in kids) + P["b"]))
@@ -515,7 +516,7 @@ def test_dag_arity_child_positions(monkeypatch, rng):
     np.testing.assert_array_equal(forest.children(2), [4, 3])  # q reads t first, then s
     x = rng.standard_normal((5, 2))
     counts = count_evals(monkeypatch)
-    out = interp.run(cell_of(DAG2_CELL), forest, {}, {"x": x}, dtype=np.float64)
+    out = reference.run(cell_of(DAG2_CELL), forest, {}, {"x": x}, dtype=np.float64)
     assert counts == {i: 1 for i in range(5)}
     top, p, q, s, t = x
     h_s, h_t = s, t
@@ -537,7 +538,7 @@ def test_mvrnn(rng):
     N = len(parents)
     params = rand_params(cell, rng)
     x = rng.standard_normal((N, 5))
-    out = interp.run(cell, forest, params, {"x": x}, dtype=np.float64)
+    out = reference.run(cell, forest, params, {"x": x}, dtype=np.float64)
     assert out["h"].shape == (N, 4) and out["A"].shape == (N, 4, 4)
     kids = children_of(parents)
     leaves = [i for i in range(N) if not kids[i]]
@@ -580,7 +581,7 @@ def test_treernn(dtype, rng):
     forest = Forest.from_parents(parents)
     params = as_dtype(rand_params(cell, rng), dtype)
     x = rng.standard_normal((len(parents), 7)).astype(dtype)
-    out = interp.run(cell, forest, params, {"x": x}, dtype=dtype)
+    out = reference.run(cell, forest, params, {"x": x}, dtype=dtype)
     P = {k: v.astype(np.float64) for k, v in params.items()}
 
     def node(i, kids):
@@ -631,7 +632,7 @@ def test_semantics_corners(dtype, rng):
     forest = Forest.from_parents(parents)
     params = as_dtype(rand_params(cell, rng), dtype)
     x = rng.standard_normal((len(parents), 3)).astype(dtype) - 1.0  # mostly negative: max must not clip at 0
-    out = interp.run(cell, forest, params, {"x": x}, dtype=dtype)
+    out = reference.run(cell, forest, params, {"x": x}, dtype=dtype)
     P, Q = params["P"].astype(np.float64), params["Q"].astype(np.float64)
     PQ = P @ Q
 
@@ -701,7 +702,7 @@ def test_functions_vs_torch(dtype, rng):
     z[0] = [800, -800, 790, 0, -1, 1]
     x, y, z = x.astype(dtype), y.astype(dtype), z.astype(dtype)
     with np.errstate(over="raise", invalid="raise", divide="raise"):  # stable forms only
-        out = interp.run(cell, forest, {}, {"x": x, "y": y, "z": z}, dtype=dtype)
+        out = reference.run(cell, forest, {}, {"x": x, "y": y, "z": z}, dtype=dtype)
     for name, got in out.items():
         assert np.all(np.isfinite(got)), name
     tx, ty = torch.from_numpy(x.astype(np.float64)), torch.from_numpy(y.astype(np.float64))
@@ -763,9 +764,9 @@ def test_missing_and_unknown_input(treelstm_case, monkeypatch):
     cell, forest, params, inputs = treelstm_case
     refuse_to_compute(monkeypatch)
     with pytest.raises(InputError, match=r"missing input 'x'"):
-        interp.run(cell, forest, params, {})
+        reference.run(cell, forest, params, {})
     with pytest.raises(InputError, match=r"no input 'y'.*its inputs: x"):
-        interp.run(cell, forest, params, {**inputs, "y": inputs["x"]})
+        reference.run(cell, forest, params, {**inputs, "y": inputs["x"]})
 
 
 def test_wrong_rows_and_dtypes(treelstm_case, monkeypatch):
@@ -773,13 +774,13 @@ def test_wrong_rows_and_dtypes(treelstm_case, monkeypatch):
     n = forest.num_nodes
     refuse_to_compute(monkeypatch)
     with pytest.raises(InputError, match=rf"input x must have shape \({n}, 4\).*got \({n - 1}, 4\)"):
-        interp.run(cell, forest, params, {"x": inputs["x"][:-1]})
+        reference.run(cell, forest, params, {"x": inputs["x"][:-1]})
     with pytest.raises(InputError, match=r"input x must have shape"):
-        interp.run(cell, forest, params, {"x": inputs["x"][:, :3]})
+        reference.run(cell, forest, params, {"x": inputs["x"][:, :3]})
     with pytest.raises(InputError, match=r"input x must be float32, got dtype int"):
-        interp.run(cell, forest, params, {"x": np.ones((n, 4), np.int64)})
+        reference.run(cell, forest, params, {"x": np.ones((n, 4), np.int64)})
     with pytest.raises(InputError, match=r"must be float32, got dtype bool"):
-        interp.run(cell, forest, params, {"x": np.ones((n, 4), bool)})
+        reference.run(cell, forest, params, {"x": np.ones((n, 4), bool)})
     assert issubclass(InputError, ForestError)
 
 
@@ -790,16 +791,16 @@ def test_index_input_errors(monkeypatch):
     word = np.arange(forest.num_nodes, dtype=np.int32)
     refuse_to_compute(monkeypatch)
     with pytest.raises(InputError, match=r"index input and must be integers, got dtype float"):
-        interp.run(cell, forest, params, {"word": word.astype(np.float32)})
+        reference.run(cell, forest, params, {"word": word.astype(np.float32)})
     bad = word.copy()
     bad[5] = 30
     with pytest.raises(InputError, match=r"input word: node 5 has index 30, outside \[0, 30\)"):
-        interp.run(cell, forest, params, {"word": bad})
+        reference.run(cell, forest, params, {"word": bad})
     bad[5], bad[2] = 3, -1
     with pytest.raises(InputError, match=r"node 2 has index -1"):
-        interp.run(cell, forest, params, {"word": bad})
+        reference.run(cell, forest, params, {"word": bad})
     with pytest.raises(InputError, match=r"input word must have shape \(9,\)"):
-        interp.run(cell, forest, params, {"word": word[:, None]})
+        reference.run(cell, forest, params, {"word": word[:, None]})
 
 
 def test_structure_errors(monkeypatch):
@@ -810,17 +811,17 @@ def test_structure_errors(monkeypatch):
     cell = load("treelstm.cell", X=4, H=3)
     x = np.zeros((4, 4), np.float32)
     with pytest.raises(ForestError, match=r"node 0 has 2 parents.*ChildSumTreeLSTM.*dag cell"):
-        interp.run(cell, dag, init_params(cell, 0), {"x": x})
+        reference.run(cell, dag, init_params(cell, 0), {"x": x})
     dag2 = cell_of(DAG2_CELL)
     G3 = nx.DiGraph([("a", "r"), ("b", "r"), ("c", "r")])  # numbered a, r, b, c: r is node 1
     with pytest.raises(ForestError, match=r"node 1 has 3 children but cell Dag2's arity is 2"):
-        interp.run(dag2, Forest.from_networkx(G3), {}, {"x": np.zeros((4, 2), np.float32)})
+        reference.run(dag2, Forest.from_networkx(G3), {}, {"x": np.zeros((4, 2), np.float32)})
     rnn = load("treernn.cell", X=4, H=3)
     three = Forest.from_parents([3, 3, 3, -1])
     with pytest.raises(ForestError, match=r"node 3 has 3 children but cell TreeRNN's arity is 2"):
-        interp.run(rnn, three, init_params(rnn, 0), {"x": x})
+        reference.run(rnn, three, init_params(rnn, 0), {"x": x})
     with pytest.raises(ForestError, match=r"expected a cortexc.Forest"):
-        interp.run(rnn, [3, 3, -1], init_params(rnn, 0), {"x": x})
+        reference.run(rnn, [3, 3, -1], init_params(rnn, 0), {"x": x})
 
 
 def test_param_errors(treelstm_case, monkeypatch):
@@ -830,7 +831,7 @@ def test_param_errors(treelstm_case, monkeypatch):
     with pytest.raises(InputError, match=r"param U_f must have shape \(3, 3\), got \(3, 4\)"):
         check_params(cell, bad)
     with pytest.raises(InputError, match=r"param U_f must have shape"):
-        interp.run(cell, forest, bad, inputs)
+        reference.run(cell, forest, bad, inputs)
     with pytest.raises(InputError, match=r"missing params.*W_f"):
         check_params(cell, {k: v for k, v in params.items() if k != "W_f"})
     with pytest.raises(InputError, match=r"no param W_zzz"):

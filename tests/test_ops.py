@@ -23,10 +23,10 @@ import pytest
 import cortexc
 from cortexc import Forest
 from cortexc.frontend import lower_source
-from cortexc.ir import interp
 from cortexc.ir.ops import OPS, STRUCTURAL_OPS, Op, OpKind
 from cortexc.passes.autodiff import autodiff
 from cortexc.passes.specialize import specialize
+from cortexc.runtime import reference
 from tests.test_invented_cells import _nvcc as nvcc
 
 torch = pytest.importorskip("torch")
@@ -225,10 +225,10 @@ def test_sqrt_of_a_negative_is_nan_and_its_derivative_at_zero_infinite_as_torch(
     cell = autodiff(specialize(lower_source("cell R on tree { input x[2]\n state s[2]\n node { s = sqrt(x) } }")[0]))
     forest = Forest.from_parents([-1])
     x = np.array([[-1.0, 0.0]], np.float32)
-    out = interp.run(cell, forest, {}, {"x": x})
+    out = reference.run(cell, forest, {}, {"x": x})
     assert np.isnan(out["s"][0, 0]) and out["s"][0, 1] == 0
     with np.errstate(divide="ignore"):  # 1 / (2 * sqrt(0))
-        grads = interp.backward(cell, forest, {}, {"x": x}, out, {"s": np.ones((1, 2), np.float32)})
+        grads = reference.backward(cell, forest, {}, {"x": x}, out, {"s": np.ones((1, 2), np.float32)})
     tx = torch.tensor(x, requires_grad=True)
     (expected,) = torch.autograd.grad(torch.sqrt(tx), tx, torch.ones(1, 2))
     np.testing.assert_array_equal(grads["x"], expected.numpy())  # nan, inf
@@ -272,9 +272,9 @@ def test_internal_op_rule_and_derivative_against_torch(op, rng):
     x = np.concatenate([np.asarray(SPECIAL_ROWS["real"]), 3 * rng.standard_normal((10, H))])
     y = np.where(rng.random((12, H)) < 0.5, x, rng.standard_normal((12, H)))  # eq: half the entries equal
     inputs = {"x": x, "y": y}
-    out = interp.run(cell, forest, {}, inputs, dtype=np.float64)
+    out = reference.run(cell, forest, {}, inputs, dtype=np.float64)
     upstream = {"s": rng.standard_normal((12, H))}
-    grads = interp.backward(cell, forest, {}, inputs, out, upstream, dtype=np.float64)
+    grads = reference.backward(cell, forest, {}, inputs, out, upstream, dtype=np.float64)
     tx, ty, tg = (torch.tensor(a) for a in (x, y, upstream["s"]))
     if op == Op.GELU_GRAD:
         value, derivative = _gelu_derivatives(tx)

@@ -22,7 +22,7 @@ from benchmarks.peers import (  # noqa: E402
     matmul_roofline,
 )
 from cortexc.frontend import lower_source  # noqa: E402
-from cortexc.ir import interp  # noqa: E402
+from cortexc.runtime import reference  # noqa: E402
 from cortexc.runtime.forest import Forest  # noqa: E402
 from cortexc.runtime.vocab import Vocab  # noqa: E402
 from tests.conftest import EXAMPLES, sst_path  # noqa: E402
@@ -50,7 +50,7 @@ def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
 
 
 def assert_matches_interp(peer_class, cell, params, forest: Forest, ids: np.ndarray) -> None:
-    ref = interp.run(cell, forest, params, {"word": ids})
+    ref = reference.run(cell, forest, params, {"word": ids})
     out = peer_class(params)(forest, ids)
     for key in ("h", "c", "logits"):
         assert out[key].shape == ref[key].shape, f"{peer_class.__name__} {key}: shape"

@@ -20,19 +20,21 @@ from cortexc.runtime.executor import Executor
 @dataclass(frozen=True)
 class ExecutorRequest:
     """What a factory gets: the cell's `cell.json` entry, its kernel source for the backend's target
-    (already checked against its hash), where that source lives, and a name for build caches."""
+    (already checked against its hash; empty for the interpreter), where that source lives, a name for
+    build caches, and a way to get the cell's IR (it compiles the source: only the interpreter asks)."""
 
     spec: Mapping[str, Any]
     source: str
     source_path: Path
     name: str
+    compile_ir: Callable[[], Any]
 
 
 @dataclass(frozen=True)
 class Backend:
     device: str  # what users pass as `device=`
     target: str | None  # the kernel source it runs (a `cortexc.options.KNOWN_TARGETS` name); None: the IR
-    make_executor: Callable[[ExecutorRequest], Executor] | None  # None: the reference interpreter
+    make_executor: Callable[[ExecutorRequest], Executor]
     summary: str
 
 
@@ -41,6 +43,12 @@ def _cpu(request: ExecutorRequest) -> Executor:
     from cortexc.runtime.cpu import CpuExecutor
 
     return CpuExecutor(request.spec, build_shared(request.source, request.name, request.source_path))
+
+
+def _interp(request: ExecutorRequest) -> Executor:
+    from cortexc.runtime.reference import InterpExecutor
+
+    return InterpExecutor(request.compile_ir)
 
 
 def _cuda(request: ExecutorRequest) -> Executor:
@@ -59,7 +67,7 @@ BACKENDS: dict[str, Backend] = {
     backend.device: backend
     for backend in (
         Backend("cpu", "c", _cpu, "the generated C, built with gcc and OpenMP (cached by source and flags)"),
-        Backend("interp", None, None, "the reference interpreter on the IR (compiles the cell's source again)"),
+        Backend("interp", None, _interp, "the reference interpreter on the IR (compiles the cell's source again)"),
         Backend("cuda", "cuda", _cuda, "the generated CUDA, built with nvcc for the GPU's arch (needs pycuda)"),
         Backend("cuda-emu", "cuda", _cuda_emulated, "the generated CUDA run on the CPU by cuda_emu.h (tests)"),
     )

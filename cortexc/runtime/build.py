@@ -65,8 +65,9 @@ def build_key(source: str, flags: tuple[str, ...], compiler: str) -> str:
     """The digest of everything that shapes the binary: source, flags, compiler version and, for
     `-march=native` builds, the target CPU."""
     digest = hashlib.sha256()
+    version = compiler_version(compiler)  # first: a missing compiler is a BuildError
     cpu = native_target(compiler) if "-march=native" in flags else ""
-    for part in (source, "\0".join(flags), compiler_version(compiler), cpu):
+    for part in (source, "\0".join(flags), version, cpu):
         digest.update(part.encode())
         digest.update(b"\1")
     return digest.hexdigest()[:24]

@@ -112,19 +112,10 @@ class CellModel:
         """
         check_forest(self.signature, forest)
         checked = check_inputs(self.signature, forest, inputs)
-        if self.device == "interp":
-            from cortexc.ir import interp
+        from cortexc.runtime.linearize import linearize
 
-            out = interp.run(self.cell, forest, self._params, checked)
-            kept = None
-        else:
-            from cortexc.runtime.linearize import linearize
-
-            executor = self._executor_for_device()
-            if host:
-                out, kept = executor.forward(linearize(forest), checked, keep=grad)
-            else:
-                out, kept = executor.forward(linearize(forest), checked, keep=grad, host=False)
+        executor = self._executor_for_device()
+        out, kept = executor.forward(linearize(forest), checked, keep=grad, host=host)
         result = Outputs(out)
         if grad:
             result.saved = (forest, checked, {s.name: out[s.name] for s in self.signature.states}, kept)
@@ -145,10 +136,6 @@ class CellModel:
             if array.shape != out[name].shape:
                 raise InputError(f"the gradient of {name} must have shape {out[name].shape}, got {array.shape}")
             checked[name] = np.ascontiguousarray(array, dtype=np.float32)
-        if self.device == "interp":
-            from cortexc.ir import interp
-
-            return interp.backward(self.cell, forest, self._params, inputs, states, checked)
         shapes = {p.name: p.shape for p in self.signature.params}
         return self._executor_for_device().backward(kept, checked, shapes)
 
@@ -156,14 +143,14 @@ class CellModel:
         """The executor of this model's device, built (or loaded from the cache) on first use."""
         if self._executor is None:
             chosen = backend(self.device)
-            if chosen.make_executor is None or chosen.target is None:
-                raise CortexcError(f"device={self.device!r} runs no compiled kernels")
             cls = type(self)
+            target = chosen.target
             request = ExecutorRequest(
                 spec=cls._spec,
-                source=cls._kernel_sources[chosen.target],
-                source_path=cls._package / cls._spec["kernels"][chosen.target],
+                source=cls._kernel_sources[target] if target is not None else "",
+                source_path=cls._package / cls._spec["kernels"][target] if target is not None else cls._package,
                 name=f"{cls._description['package']}_{cls.signature.name}",
+                compile_ir=lambda: cls.cell,
             )
             executor = chosen.make_executor(request)
             executor.set_params(self._params)

@@ -1,0 +1,209 @@
+"""The reference interpreter over a forest, and its executor (``device="interp"``).
+
+`cortexc.ir.interp` evaluates one body for one node; this module walks a
+linearized forest with it, children before parents for the forward and
+parents before children for the backward, one node at a time. `run` and
+`backward` validate the forest and inputs first (for direct callers);
+`InterpExecutor` takes them validated by the model, so they are checked once.
+The IR comes from the compiler, so this is the one backend that needs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cortexc.ir import interp
+from cortexc.ir.cell import Body, Cell, GradKind
+from cortexc.runtime.forest import Forest
+from cortexc.runtime.linearize import Linearized, linearize
+from cortexc.runtime.params import check_params
+from cortexc.runtime.validate import check_forest, check_inputs
+
+NO_CHILDREN = np.zeros(0, np.int64)
+
+
+def _children(lin: Linearized, position: int) -> np.ndarray:
+    """The children of the node at a level-order position, in the forest's child order."""
+    return lin.edge_child[lin.edge_ptr[position] : lin.edge_ptr[position + 1]]
+
+
+def _hoisted(cell: Cell, node: interp.NodeView) -> dict[str, np.ndarray]:
+    if cell.pre is None:
+        return {}
+    values = interp.eval_body(cell.pre, node)
+    return {name: values[result] for name, result in cell.pre.named_results}
+
+
+def run_linearized(
+    cell: Cell, lin: Linearized, params: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray], dtype: type
+) -> dict[str, np.ndarray]:
+    """States and outputs for validated inputs and params (arrays of `dtype`)."""
+    n = lin.num_nodes
+    states = {s.name: np.zeros((n, *s.shape), dtype) for s in cell.states}
+    for position in range(n):
+        index = int(lin.level_order[position])
+        children = _children(lin, position)
+        body = cell.leaf if cell.leaf is not None and len(children) == 0 else cell.node
+        node = interp.NodeView(index, children, states, inputs, params, dtype)
+        if body is cell.node:
+            node.hoisted = _hoisted(cell, node)
+        values = interp.eval_body(body, node)
+        for name, result in body.named_results:
+            states[name][index] = values[result]
+    out: dict[str, np.ndarray] = dict(states)
+    for output in cell.outputs:
+        rows = lin.roots if output.at_root else np.arange(n, dtype=np.int64)
+        out[output.name] = _readout(output.body, rows, states, inputs, params, dtype)
+    return out
+
+
+def _readout(body: Body, rows: np.ndarray, states: Any, inputs: Any, params: Any, dtype: type) -> np.ndarray:
+    """A read-out for the given nodes, one node at a time like the recursion."""
+    shape = body.values[body.results[0][1]].shape
+    result = np.zeros((len(rows), *shape), dtype)
+    for i, index in enumerate(rows):
+        node = interp.NodeView(int(index), NO_CHILDREN, states, inputs, params, dtype)
+        result[i] = interp.eval_body(body, node)[body.results[0][1]]
+    return result
+
+
+def backward_linearized(
+    cell: Cell,
+    lin: Linearized,
+    params: Mapping[str, np.ndarray],
+    inputs: Mapping[str, np.ndarray],
+    states: Mapping[str, np.ndarray],
+    upstream: Mapping[str, np.ndarray],
+    dtype: type,
+) -> dict[str, np.ndarray]:
+    """Gradients of every param and float input for validated inputs (see `backward`)."""
+    grad_bodies, leaf_body = cell.grads, cell.leaf
+    if grad_bodies is None or leaf_body is None:
+        raise ValueError("backward needs a cell with gradient bodies (the specialize and autodiff passes)")
+    n = lin.num_nodes
+    d_states = {s.name: np.zeros((n, *s.shape), dtype) for s in cell.states}
+    for name, grad in upstream.items():
+        if name in d_states:
+            d_states[name] += grad
+    grads: dict[str, np.ndarray] = {p.name: np.zeros(p.shape, dtype) for p in cell.params}
+    grads.update({i.name: np.zeros((n, *i.shape), dtype) for i in cell.inputs if not i.is_index})
+
+    def accumulate(node: interp.NodeView, values: list[np.ndarray], body: Body) -> dict[str, np.ndarray]:
+        """Send a gradient body's per-node results where they belong; returns the hoisted ones."""
+        hoisted = {}
+        for target, index in body.grad_results:
+            value = values[index]
+            if target.kind == GradKind.PARAM:
+                grads[target.name] += value
+            elif target.kind == GradKind.INPUT:
+                grads[target.name][node.index] += value
+            elif target.kind == GradKind.EMBED and target.index is not None:
+                grads[target.name][node.inputs[target.index][node.index]] += value
+            elif target.kind == GradKind.STATE:
+                d_states[target.name][node.index] += value
+            elif target.kind == GradKind.CHILD:
+                np.add.at(d_states[target.name], node.children, value)
+            elif target.kind == GradKind.CHILD_AT and target.k is not None:
+                if target.k < len(node.children):
+                    d_states[target.name][node.children[target.k]] += value
+            elif target.kind == GradKind.HOISTED:
+                hoisted[target.name] = value
+        return hoisted
+
+    for output, grad_body in zip(cell.outputs, grad_bodies.outputs):
+        if output.name not in upstream:
+            continue
+        rows = lin.roots if output.at_root else np.arange(n, dtype=np.int64)
+        for position, index in enumerate(rows):
+            node = interp.NodeView(int(index), NO_CHILDREN, states, inputs, params, dtype)
+            node.adjoints = {output.name: np.asarray(upstream[output.name][position], dtype)}
+            accumulate(node, interp.eval_body(grad_body, node), grad_body)
+
+    for position in reversed(range(n)):
+        index = int(lin.level_order[position])
+        children = _children(lin, position)
+        leaf = len(children) == 0
+        body, grad_body = (leaf_body, grad_bodies.leaf) if leaf else (cell.node, grad_bodies.node)
+        node = interp.NodeView(index, children, states, inputs, params, dtype)
+        if not leaf:
+            node.hoisted = _hoisted(cell, node)
+        node.adjoints = {name: d_states[name][index] for name, _ in body.named_results}
+        hoisted = accumulate(node, interp.eval_body(grad_body, node), grad_body)
+        if hoisted and grad_bodies.pre is not None:
+            node.adjoints = hoisted
+            accumulate(node, interp.eval_body(grad_bodies.pre, node), grad_bodies.pre)
+    return grads
+
+
+def run(
+    cell: Cell, forest: Forest, params: Mapping[str, np.ndarray], inputs: Mapping[str, object], dtype: type = np.float32
+) -> dict[str, np.ndarray]:
+    """Every state (`[N, ...]` in the forest's node order) and every output of the cell.
+
+    ``dtype`` is float32 like the compiled code, or float64 for gradient checks.
+    Raises `ForestError`/`InputError` before computing anything if the forest or
+    the inputs do not fit the cell.
+    """
+    check_forest(cell, forest)
+    checked = check_inputs(cell, forest, inputs, dtype)
+    return run_linearized(cell, linearize(forest), check_params(cell, params, dtype=dtype), checked, dtype)
+
+
+def backward(
+    cell: Cell,
+    forest: Forest,
+    params: Mapping[str, np.ndarray],
+    inputs: Mapping[str, object],
+    states: Mapping[str, np.ndarray],
+    upstream: Mapping[str, np.ndarray],
+    dtype: type = np.float32,
+) -> dict[str, np.ndarray]:
+    """Gradients of every param and float input, one node at a time, parents before children.
+
+    `cell` must carry `grads` (the `autodiff` pass); `states` are the forward's
+    states (what the forward with ``grad=True`` keeps); `upstream` maps states
+    and outputs to their incoming gradients (`[N, ...]`, or `[num_roots, ...]`
+    for outputs at the roots). Index inputs get none; an embedding table gets
+    the sum of the gradients of the rows that were looked up.
+    """
+    check_forest(cell, forest)
+    checked = check_inputs(cell, forest, inputs, dtype)
+    lin = linearize(forest)
+    return backward_linearized(cell, lin, check_params(cell, params, dtype=dtype), checked, states, upstream, dtype)
+
+
+@dataclass
+class _Saved:
+    lin: Linearized
+    inputs: Mapping[str, np.ndarray]
+    states: dict[str, np.ndarray]
+
+
+class InterpExecutor:
+    """``device="interp"``: the reference interpreter behind the `Executor` protocol. The IR is
+    compiled from the package's source on first use (``cell_of``), the one thing that needs the compiler."""
+
+    def __init__(self, cell_of: Callable[[], Cell]):
+        self._cell_of = cell_of
+        self._params: Mapping[str, np.ndarray] = {}
+
+    def set_params(self, params: Mapping[str, np.ndarray]) -> None:
+        self._params = params
+
+    def forward(
+        self, lin: Linearized, inputs: Mapping[str, np.ndarray], keep: bool = False, host: bool = True
+    ) -> tuple[dict[str, Any], Any]:
+        cell = self._cell_of()
+        out = run_linearized(cell, lin, self._params, inputs, np.float32)
+        saved = _Saved(lin, inputs, {s.name: out[s.name] for s in cell.states}) if keep else None
+        return out, saved
+
+    def backward(
+        self, saved: Any, upstream: Mapping[str, np.ndarray], param_shapes: Mapping[str, tuple[int, ...]]
+    ) -> dict[str, np.ndarray]:
+        cell = self._cell_of()
+        return backward_linearized(cell, saved.lin, self._params, saved.inputs, saved.states, upstream, np.float32)
