@@ -1,11 +1,12 @@
 """The CPU emulator for CUDA kernels (cortexc/runtime/cuda_emu.h).
 
-The kernels in tests/cuda_emu/*.cu (unmodified CUDA, with the nvcc prelude documented in the header) are compiled
-by g++ against the emulator, run through ctypes and compared with NumPy: a grid-stride vector add, a tiled matmul
-(whose variants without a barrier must come out wrong), a shuffle + atomicAdd block reduction and every warp
-intrinsic, and a cooperative persistent kernel synchronised by cx_grid_sync(). Real CUDA bugs (barrier divergence,
-deadlocks, bad launches, bad copies, stack overflow) must abort with the emulator's message, in a subprocess.
-Where nvcc exists, the same .cu files must compile for sm_80 and sm_90 with every warning an error.
+The kernels in tests/cuda_emu/*.cu (unmodified CUDA that includes the one nvcc prelude,
+cortexc/runtime/cuda_prelude.cuh) are compiled by g++ against the emulator, run through ctypes and compared with
+NumPy: a grid-stride vector add, a tiled matmul (whose variants without a barrier must come out wrong), a
+shuffle + atomicAdd block reduction and every warp intrinsic, and a cooperative persistent kernel synchronised
+by cx_grid_sync(). Real CUDA bugs (barrier divergence, deadlocks, bad launches, bad copies, stack overflow)
+must abort with the emulator's message, in a subprocess. Where nvcc exists, the same .cu files must compile
+for sm_80 and sm_90 with every warning an error.
 """
 
 from __future__ import annotations
@@ -29,8 +30,7 @@ KERNEL_FILES = sorted(KERNELS.glob("*.cu"))
 GXX = shutil.which("g++")
 NVCC = shutil.which("nvcc")
 CXXFLAGS = ("-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", f"-I{RUNTIME}")
-PRELUDE_BEGIN = "---8<--- cx_emu nvcc prelude ---8<---"
-PRELUDE_END = "---8<--- end of cx_emu nvcc prelude ---8<---"
+PRELUDE = RUNTIME / "cuda_prelude.cuh"
 
 pytestmark = pytest.mark.skipif(GXX is None, reason="g++ not found (needed to compile the emulated kernels)")
 
@@ -115,20 +115,18 @@ P = ctypes.c_void_p
 I = ctypes.c_int
 
 
-def test_prelude_in_kernels_matches_header():
-    """The nvcc side of the macros lives in the header's comment; every test kernel carries it verbatim, so
-    the nvcc compile below proves the documented text."""
-    text = HEADER.read_text()
-    block = text[text.index(PRELUDE_BEGIN) + len(PRELUDE_BEGIN) : text.index(PRELUDE_END)]
-    documented = [re.sub(r"^ \* ?", "", line) for line in block.strip("\n").splitlines()[:-1]]
-    documented = [line for line in documented if line.strip()]
-    assert documented[0] == "#if !defined(CX_EMULATE) && !defined(CX_NVCC_PRELUDE)" and documented[-1] == "#endif"
+def test_every_kernel_includes_the_one_prelude():
+    """nvcc's side of the macros is one header (cortexc/runtime/cuda_prelude.cuh): every test kernel includes
+    it and defines none of its macros itself, so the nvcc compile below proves that header."""
+    prelude = PRELUDE.read_text()
+    defined = re.findall(r"^#define (CX_\w+)", prelude, re.MULTILINE)
+    assert {"CX_LAUNCH", "CX_LAUNCH_COOPERATIVE", "CX_SHARED", "CX_DYNAMIC_SHARED"} <= set(defined)
+    assert "cx_grid_sync" in prelude and prelude.count("#if !defined(CX_EMULATE)") == 1
     assert len(KERNEL_FILES) >= 5
     for path in KERNEL_FILES:
         src = path.read_text()
-        body = src[src.index(PRELUDE_BEGIN) + len(PRELUDE_BEGIN) : src.index(PRELUDE_END)]
-        carried = [line for line in body.splitlines()[1:-1] if line.strip()]
-        assert carried == documented, path.name
+        assert '#include "cuda_prelude.cuh"' in src, path.name
+        assert not re.search(rf"^#define ({'|'.join(defined)})\b", src, re.MULTILINE), path.name
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -365,6 +363,7 @@ def test_kernels_compile_with_nvcc(tmp_path):
         "arch=compute_90,code=sm_90",
         "-Werror",
         "all-warnings",
+        f"-I{RUNTIME}",
         "-c",
         unit,
         "-o",

@@ -14,6 +14,7 @@ import pytest
 
 import cortexc
 from cortexc import Forest
+from cortexc.runtime.device import cuda_include_flags
 from tests.conftest import EXAMPLES, compare_backward, random_inputs, relative_error, small_forest, twin_models
 
 DIMS = {"X": 9, "H": 7, "V": 20, "C": 3}
@@ -79,6 +80,7 @@ def _nvcc(path) -> subprocess.CompletedProcess:
         "all-warnings",
         "-Xptxas",
         "-v",
+        *cuda_include_flags(),
         "-o",
         str(path.with_suffix(".o")),
         str(path),

@@ -17,6 +17,7 @@ import pytest
 
 import cortexc
 from cortexc import Forest
+from cortexc.runtime.device import cuda_include_flags
 from tests.conftest import compare_backward, random_inputs, relative_error
 from tests.test_autodiff import INVENTED as GRADIENT_CELLS
 from tests.test_autodiff import invented_forest
@@ -88,6 +89,7 @@ def _nvcc(path: Path) -> subprocess.CompletedProcess:
         "all-warnings",
         "-Xptxas",
         "-v",
+        *cuda_include_flags(),
         "-o",
         str(path.with_suffix(".o")),
         str(path),

@@ -14,7 +14,7 @@ import math
 
 from cortexc.ir.cell import Cell, Value
 from cortexc.ir.ops import OPS, Op
-from cortexc.ir.program import Kernel, PlaceKind, RowKind
+from cortexc.ir.program import Adjoints, Kernel, PlaceKind, RowKind
 from cortexc.passes.schedule import row_kind, width
 
 
@@ -68,9 +68,9 @@ class KernelExprs:
     def adjoint(self, name: str, row: str, row_width: int, col: str) -> str:
         """The incoming gradient of result `name` for this kernel's row."""
         source = self.kernel.adjoints
-        if source == "state":
+        if source == Adjoints.STATE:
             return f"{gradient_symbol('state', name)}[nd[{row}] * {row_width} + {col}]"
-        if source == "pre":
+        if source == Adjoints.PRE:
             return f"{gradient_symbol('pre', name)}[(pre_base + {row}) * {row_width} + {col}]"
         return f"{gradient_symbol('output', name)}[(pos0 + {row}) * {row_width} + {col}]"
 

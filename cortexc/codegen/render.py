@@ -1,9 +1,11 @@
 """Program -> kernel source, through the Jinja2 skeletons (StrictUndefined).
 
 Everything target-specific comes from the `Target`; every expression from
-`exprs`. The ABI the runtime fills (`cx_call`) is fixed: params, packed
-weights, inputs, states, hoisted rows and outputs are arrays of pointers in
-declaration order, which `abi` describes for the generated module's JSON.
+`exprs`. The ABI the runtime fills (`cx_call`, `cx_grad`, `cx_launch`) is
+rendered from `cortexc.runtime.abi`: params, packed weights, inputs, states,
+hoisted rows and outputs are arrays of pointers in declaration order, which
+`abi` describes for the generated module's JSON. The launch order comes from
+the program's phases; each driver renders it with one loop per launch mode.
 """
 
 from __future__ import annotations
@@ -30,9 +32,12 @@ from cortexc.ir.ops import OPS, Op
 from cortexc.ir.program import (
     AccumOuter,
     AccumSum,
+    Adjoints,
     Gemm,
     Kernel,
+    KernelRole,
     Loop,
+    Phase,
     Program,
     Reduce,
     RowKind,
@@ -43,8 +48,10 @@ from cortexc.ir.program import (
     Store,
     StoreMode,
     StoreTarget,
+    Sweep,
 )
 from cortexc.passes.schedule import width
+from cortexc.runtime.abi import LAUNCH_MODES, STRUCTS, c_typedef
 
 
 @functools.cache
@@ -89,25 +96,11 @@ def render(program: Program, target: Target, source_file: str) -> str:
     cell = program.cell
     deferred = deferred_outer_products(program) if target.defer_outer_products else []
     kernels = [_kernel_context(cell, program, kernel, target, deferred) for kernel in program.kernels]
-    outputs = [
-        {"kernel": k.name, "count": "call->num_roots" if k.rows == Rows.ROOTS else "call->num_nodes"}
-        for k in program.kernels
-        if k.rows in (Rows.NODES, Rows.ROOTS) and not k.name.startswith("grad_")
-    ]
-    grad_outputs = [
-        {
-            "kernel": k.name,
-            "index": [o.name for o in cell.outputs].index(k.name[len("grad_out_") :]),
-            "count": "call->num_roots" if k.rows == Rows.ROOTS else "call->num_nodes",
-        }
-        for k in program.kernels
-        if k.name.startswith("grad_out_")
-    ]
     accumulators = [
         {"param": name, "index": [p.name for p in cell.params].index(name), "offset": offset, "size": size}
         for name, offset, size in program.accumulators
     ]
-    node, leaf = program.kernel("node"), program.kernel("leaf")
+    node, leaf = program.role(KernelRole.NODE), program.role(KernelRole.LEAF)
     split = node.split if target.column_split else None
     packed_index = {w.name: i for i, w in enumerate(program.packed)}
     split_weights: dict[int, dict[str, int]] = {}  # by packed weight: each is loaded once
@@ -127,22 +120,52 @@ def render(program: Program, target: Target, source_file: str) -> str:
         source_file=source_file,
         cell_name=cell.name,
         kernels=kernels,
-        outputs=outputs,
-        grad_outputs=grad_outputs,
+        typedefs={name: c_typedef(name, fields) for name, fields in STRUCTS.items()},
+        launch_modes=LAUNCH_MODES,
+        forward_phases=[_phase_context(program, phase, target) for phase in program.forward],
+        backward_phases=[_phase_context(program, phase, target) for phase in program.backward],
+        split_kernel=node.name,
         accumulators=accumulators,
         accumulator_floats=sum(a["size"] for a in accumulators),
         has_grads=cell.grads is not None,
-        has_pre=cell.pre is not None,
         max_child_ks=max((len(k.child_ks) for k in program.kernels), default=0),
         num_packed=max(1, len(program.packed)),
         deferred=[{**term, "param_index": [p.name for p in cell.params].index(term["param"])} for term in deferred],
         split_period=split.period if split is not None else 0,
-        leaf_split=split is not None and leaf.split is not None,
         split_weights=list(split_weights.values()),
         split_floats_per_unit=sum(w["periods"] * w["k"] for w in split_weights.values()),
         split_stage_floats=-(-target.tile_rows * (max((w["k"] for w in split_weights.values()), default=0) + 1) // 4)
         * 4,
     )
+
+
+#: the rows of one run of a phase, as C expressions over `call` and `lp` (the level offsets; the driver
+#: declares it), by sweep, and for a sweep over the whole row set by the kernel's rows
+_PHASE_ROWS = {
+    Sweep.LEAVES: ("0", "lp[1]"),
+    Sweep.UP: ("lp[level]", "lp[level + 1] - lp[level]"),
+    Sweep.DOWN: ("lp[level]", "lp[level + 1] - lp[level]"),
+}
+_ALL_ROWS = {
+    Rows.INTERNAL: ("lp[1]", "call->num_nodes - lp[1]"),
+    Rows.NODES: ("0", "call->num_nodes"),
+    Rows.ROOTS: ("0", "call->num_roots"),
+}
+
+
+def _phase_context(program: Program, phase: Phase, target: Target) -> dict[str, Any]:
+    """A phase for the drivers: its kernel, sweep, rows of one run (`first`, `count`), the output whose
+    upstream gradient it needs (or None), and whether a small level may go by columns on this target."""
+    kernel = program.kernel(phase.kernel)
+    first, count = _ALL_ROWS[kernel.rows] if phase.sweep == Sweep.ALL else _PHASE_ROWS[phase.sweep]
+    return {
+        "kernel": kernel.name,
+        "sweep": phase.sweep.value,
+        "first": first,
+        "count": count,
+        "upstream": phase.upstream,
+        "columns": target.column_split and kernel.split is not None,
+    }
 
 
 #: the rows a gradient kernel covers, as positions (C expressions over `call`), by its row set and name
@@ -168,7 +191,7 @@ def deferred_outer_products(program: Program) -> list[dict[str, Any]]:
             if kernel.rows == Rows.LEVEL:
                 first, last = (
                     ("call->level_ptr[1]", "call->num_nodes")
-                    if kernel.name == "grad_node"
+                    if kernel.role == KernelRole.GRAD_NODE
                     else ("0", "call->level_ptr[1]")
                 )
             else:
@@ -205,12 +228,12 @@ def _symbols(cell: Cell, program: Program, kernel: Kernel, target: Target) -> li
     used_packed = {s.packed for s in kernel.steps if isinstance(s, Gemm)}
     adjoints = {v.name for v in values if v.op == Op.ADJOINT}
     d_states = {s.name for s in stores if s.target in _STATE_GRADIENT_TARGETS}
-    d_states |= adjoints if kernel.adjoints == "state" else set()
+    d_states |= adjoints if kernel.adjoints == Adjoints.STATE else set()
     d_hoisted = {s.name for s in stores if s.target == StoreTarget.D_HOISTED}
-    d_hoisted |= adjoints if kernel.adjoints == "pre" else set()
+    d_hoisted |= adjoints if kernel.adjoints == Adjoints.PRE else set()
     d_inputs = {s.name for s in stores if s.target == StoreTarget.D_INPUT}
     d_params = {s.name for s in stores if s.target == StoreTarget.D_EMBED}
-    upstream = adjoints if kernel.adjoints == "output" else set()
+    upstream = adjoints if kernel.adjoints == Adjoints.OUTPUT else set()
     accumulated = {s.param for s in kernel.steps if isinstance(s, AccumOuter | AccumSum)}
     decls = []
 
@@ -250,7 +273,7 @@ def _kernel_context(
     cell: Cell, program: Program, kernel: Kernel, target: Target, deferred: list[dict[str, Any]]
 ) -> dict[str, Any]:
     exprs = KernelExprs(cell, kernel)
-    offsets, offset_terms = [], []
+    offsets = []
     node_floats = child_floats = 0
     for buffer in kernel.buffers:
         offsets.append({"name": buffer.name, "offset": _offset(node_floats, child_floats)})
@@ -281,7 +304,7 @@ def _kernel_context(
     uses_pre_base = (
         any(v.op == Op.HOISTED for v in kernel.body.values)
         or any(isinstance(s, Store) and s.target in (StoreTarget.PRE, StoreTarget.D_HOISTED) for s in kernel.steps)
-        or kernel.adjoints == "pre"
+        or kernel.adjoints == Adjoints.PRE
     )
     return {
         "name": kernel.name,

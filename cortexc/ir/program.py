@@ -7,7 +7,8 @@ or the roots for an output), and, inside each kernel, an ordered list of
 `Step`s over a *tile* of rows: GEMMs whose left rows are gathered through
 row pointers, elementwise loops that inline whole expression trees, child
 reductions, softmaxes, small per-row matrix products, concatenations and
-stores. Where each value lives is its `Place`.
+stores. Where each value lives is its `Place`. The launch order of the kernels is
+data too: the program's `forward` and `backward` phases, which every driver renders.
 """
 
 from __future__ import annotations
@@ -203,22 +204,94 @@ class ColumnSplit:
     split_steps: tuple[bool, ...]  # per step: runs over the owned columns only (else whole)
 
 
+class Adjoints(enum.Enum):
+    """Where a gradient kernel reads the incoming gradients (`adjoint` values) of its body's results."""
+
+    NONE = "none"  # a forward kernel
+    STATE = "state"  # the states' gradients, by node (leaf and node gradients)
+    PRE = "pre"  # the hoisted rows' gradients (the hoisted projections' gradient)
+    OUTPUT = "output"  # an output's upstream gradient (an output's gradient)
+
+
+class KernelRole(enum.Enum):
+    """What a kernel computes: one per body of the cell, forward and gradient."""
+
+    PRE = "pre"
+    LEAF = "leaf"
+    NODE = "node"
+    OUTPUT = "out"
+    GRAD_OUTPUT = "grad_out"
+    GRAD_NODE = "grad_node"
+    GRAD_LEAF = "grad_leaf"
+    GRAD_PRE = "grad_pre"
+
+    @property
+    def is_gradient(self) -> bool:
+        return self in _ADJOINTS
+
+    @property
+    def adjoints(self) -> Adjoints:
+        return _ADJOINTS.get(self, Adjoints.NONE)
+
+    @property
+    def reads_output(self) -> bool:
+        """An output's kernel (forward or gradient): `Kernel.output` names it."""
+        return self in (KernelRole.OUTPUT, KernelRole.GRAD_OUTPUT)
+
+
+_ADJOINTS = {
+    KernelRole.GRAD_OUTPUT: Adjoints.OUTPUT,
+    KernelRole.GRAD_NODE: Adjoints.STATE,
+    KernelRole.GRAD_LEAF: Adjoints.STATE,
+    KernelRole.GRAD_PRE: Adjoints.PRE,
+}
+
+
 @dataclass(frozen=True)
 class Kernel:
-    name: str
+    role: KernelRole
     rows: Rows
     body: Body
     places: tuple[Place, ...]  # one per value of the body
     buffers: tuple[Buffer, ...]
     steps: tuple[Step, ...]
     child_ks: tuple[int, ...]  # which child[k] the body reads (their node ids are gathered per tile)
-    adjoints: str = ""  # gradient kernels: where `adjoint` values come from ("state", "pre" or "output")
+    output: str = ""  # the output of an OUTPUT or GRAD_OUTPUT kernel
     split: ColumnSplit | None = None  # the node kernel: how blocks may share a level by columns
+
+    @property
+    def name(self) -> str:
+        """The kernel's name in generated code (`cx_kernel_<name>`) and in the module's JSON."""
+        return f"{self.role.value}_{self.output}" if self.role.reads_output else self.role.value
+
+    @property
+    def adjoints(self) -> Adjoints:
+        return self.role.adjoints
 
     def scratch_floats(self, tile_rows: int, max_children: int) -> int:
         per_node = sum(b.width for b in self.buffers if b.rows == RowKind.NODE)
         per_child = sum(b.width for b in self.buffers if b.rows == RowKind.CHILD)
         return tile_rows * per_node + tile_rows * max_children * per_child
+
+
+class Sweep(enum.Enum):
+    """Which rows of its kernel's row set a phase runs, and in what order."""
+
+    ALL = "all"  # the whole row set at once (hoisted projections, outputs)
+    LEAVES = "leaves"  # level 0
+    UP = "up"  # each level above 0, bottom up (a node after its children)
+    DOWN = "down"  # each level above 0, top down (a node's gradient after its parents')
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One step of the launch order: a kernel over some rows. Consecutive phases (and the levels of an
+    UP or DOWN sweep) are ordered: each starts after the last has finished for every row.
+    `upstream` (backward only): the phase runs only when that output (its index) has an upstream gradient."""
+
+    kernel: str  # Kernel.name
+    sweep: Sweep
+    upstream: int | None = None
 
 
 @dataclass(frozen=True)
@@ -238,6 +311,12 @@ class Program:
     kernels: tuple[Kernel, ...]  # in launch order: pre?, leaf, node, outputs...; then the gradient kernels
     packed: tuple[PackedWeight, ...]
     accumulators: tuple[tuple[str, int, int], ...] = ()  # (param, offset, floats) of per-thread gradients
+    forward: tuple[Phase, ...] = ()  # the launch order of a forward: pre?, leaves, levels up, outputs
+    backward: tuple[Phase, ...] = ()  # of a backward: output gradients, levels down, leaves, pre?
 
     def kernel(self, name: str) -> Kernel:
         return next(k for k in self.kernels if k.name == name)
+
+    def role(self, role: KernelRole) -> Kernel:
+        """The kernel of a role that has one kernel (not an output's)."""
+        return next(k for k in self.kernels if k.role == role)

@@ -40,8 +40,10 @@ from cortexc.ir.program import (
     Buffer,
     Gemm,
     Kernel,
+    KernelRole,
     Loop,
     PackedWeight,
+    Phase,
     Place,
     PlaceKind,
     Program,
@@ -55,6 +57,7 @@ from cortexc.ir.program import (
     Store,
     StoreMode,
     StoreTarget,
+    Sweep,
 )
 from cortexc.passes.columns import column_split
 
@@ -75,9 +78,9 @@ def schedule(cell: Cell) -> Program:
     packed: dict[tuple, PackedWeight] = {}
     kernels = []
     if cell.pre is not None:
-        kernels.append(_kernel("pre", Rows.INTERNAL, cell.pre, cell, packed))
-    leaf = _kernel("leaf", Rows.LEVEL, cell.leaf, cell, packed)
-    node = _kernel("node", Rows.LEVEL, cell.node, cell, packed)
+        kernels.append(_kernel(KernelRole.PRE, Rows.INTERNAL, cell.pre, cell, packed))
+    leaf = _kernel(KernelRole.LEAF, Rows.LEVEL, cell.leaf, cell, packed)
+    node = _kernel(KernelRole.NODE, Rows.LEVEL, cell.node, cell, packed)
     node = replace(node, split=column_split(node))
     leaf_split = column_split(leaf)
     if node.split is None or leaf_split is None or leaf_split.period != node.split.period:
@@ -85,23 +88,52 @@ def schedule(cell: Cell) -> Program:
     kernels += [replace(leaf, split=leaf_split), node]
     for out in cell.outputs:
         rows = Rows.ROOTS if out.at_root else Rows.NODES
-        kernels.append(_kernel(f"out_{out.name}", rows, out.body, cell, packed))
+        kernels.append(_kernel(KernelRole.OUTPUT, rows, out.body, cell, packed, out.name))
     if cell.grads is not None:
         grads = cell.grads
         for out, body in zip(cell.outputs, grads.outputs):
             rows = Rows.ROOTS if out.at_root else Rows.NODES
-            kernels.append(_kernel(f"grad_out_{out.name}", rows, body, cell, packed, "output"))
-        kernels.append(_kernel("grad_node", Rows.LEVEL, grads.node, cell, packed, "state"))
-        kernels.append(_kernel("grad_leaf", Rows.LEVEL, grads.leaf, cell, packed, "state"))
+            kernels.append(_kernel(KernelRole.GRAD_OUTPUT, rows, body, cell, packed, out.name))
+        kernels.append(_kernel(KernelRole.GRAD_NODE, Rows.LEVEL, grads.node, cell, packed))
+        kernels.append(_kernel(KernelRole.GRAD_LEAF, Rows.LEVEL, grads.leaf, cell, packed))
         if grads.pre is not None:
-            kernels.append(_kernel("grad_pre", Rows.INTERNAL, grads.pre, cell, packed, "pre"))
+            kernels.append(_kernel(KernelRole.GRAD_PRE, Rows.INTERNAL, grads.pre, cell, packed))
     accumulated = sorted({s.param for k in kernels for s in k.steps if isinstance(s, AccumOuter | AccumSum)})
     accumulators, offset = [], 0
     for name in accumulated:
         size = math.prod(cell.param(name).shape)
         accumulators.append((name, offset, size))
         offset += size
-    return Program(cell, tuple(kernels), tuple(packed.values()), tuple(accumulators))
+    forward, backward = _phases(cell, kernels)
+    return Program(cell, tuple(kernels), tuple(packed.values()), tuple(accumulators), forward, backward)
+
+
+#: the sweep of each kernel role over its row set
+_SWEEPS = {
+    KernelRole.PRE: Sweep.ALL,
+    KernelRole.LEAF: Sweep.LEAVES,
+    KernelRole.NODE: Sweep.UP,
+    KernelRole.OUTPUT: Sweep.ALL,
+    KernelRole.GRAD_OUTPUT: Sweep.ALL,
+    KernelRole.GRAD_NODE: Sweep.DOWN,
+    KernelRole.GRAD_LEAF: Sweep.LEAVES,
+    KernelRole.GRAD_PRE: Sweep.ALL,
+}
+
+
+def _phases(cell: Cell, kernels: list[Kernel]) -> tuple[tuple[Phase, ...], tuple[Phase, ...]]:
+    """The launch order. Forward: the hoisted projections (every internal node at once: they read no
+    state), the leaves, each level bottom up, the outputs. Backward: the output gradients (each only
+    when its output has an upstream gradient), each level top down, the leaves, the hoisted rows."""
+    outputs = [o.name for o in cell.outputs]
+    forward: list[Phase] = []
+    backward: list[Phase] = []
+    for kernel in kernels:
+        phase = Phase(kernel.name, _SWEEPS[kernel.role])
+        if kernel.role == KernelRole.GRAD_OUTPUT:
+            phase = replace(phase, upstream=outputs.index(kernel.output))
+        (backward if kernel.role.is_gradient else forward).append(phase)
+    return tuple(forward), tuple(backward)
 
 
 def _gemm_left(body: Body, value: Value) -> tuple[str, bool] | None:
@@ -153,7 +185,7 @@ _GRADIENT_STORES = {
 }
 
 
-def _kernel(name: str, rows: Rows, body: Body, cell: Cell, packed: dict, adjoints: str = "") -> Kernel:
+def _kernel(role: KernelRole, rows: Rows, body: Body, cell: Cell, packed: dict, output: str = "") -> Kernel:
     values = body.values
     uses = [0] * len(values)
     for value in values:
@@ -282,11 +314,9 @@ def _kernel(name: str, rows: Rows, body: Body, cell: Cell, packed: dict, adjoint
     for result_name, index in body.results:
         value_width = width(values[index])
         if not isinstance(result_name, GradTarget):  # a forward kernel: states, hoisted rows, outputs
-            target = StoreTarget.STATE
-            if name == "pre":
-                target = StoreTarget.PRE
-            elif name.startswith("out_"):
-                target = StoreTarget.OUTPUT
+            target = {KernelRole.PRE: StoreTarget.PRE, KernelRole.OUTPUT: StoreTarget.OUTPUT}.get(
+                role, StoreTarget.STATE
+            )
             steps.append(Store(index, target, result_name, value_width))
             continue
         if result_name.kind == GradKind.PARAM:
@@ -312,4 +342,4 @@ def _kernel(name: str, rows: Rows, body: Body, cell: Cell, packed: dict, adjoint
             | {s.k for s in steps if isinstance(s, Store) and s.target == StoreTarget.D_CHILD_AT}
         )
     )
-    return Kernel(name, rows, body, tuple(places), tuple(buffers), tuple(steps), child_ks, adjoints)
+    return Kernel(role, rows, body, tuple(places), tuple(buffers), tuple(steps), child_ks, output)

@@ -1,81 +1,33 @@
 """The CPU executor: one ctypes call into the generated library per forward.
 
 It owns no model knowledge: it packs the weights the program names, lays
-out the forest's arrays and the result arrays, fills `CxCall` (the C struct
-`cx_call` of the template, field for field) and calls `cx_forward`.
+out the forest's arrays and the result arrays, fills `CxCall` (built, like the C
+struct `cx_call`, from `abi.CALL_FIELDS`) and calls `cx_forward`.
 """
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from cortexc.errors import CortexcError
+from cortexc.runtime.abi import CxCall, CxGrad, packed_weights
 from cortexc.runtime.build import load_library
 from cortexc.runtime.linearize import Linearized
 
 _P = ctypes.c_void_p
 
 
-class CxCall(ctypes.Structure):
-    _fields_ = [
-        ("num_nodes", ctypes.c_int64),
-        ("num_levels", ctypes.c_int64),
-        ("max_children", ctypes.c_int64),
-        ("num_roots", ctypes.c_int64),
-        ("level_order", _P),
-        ("level_ptr", _P),
-        ("edge_ptr", _P),
-        ("edge_child", _P),
-        ("roots", _P),
-        ("params", _P),
-        ("packed", _P),
-        ("inputs", _P),
-        ("states", _P),
-        ("hoisted", _P),
-        ("outputs", _P),
-    ]
-
-
-class CxGrad(ctypes.Structure):
-    _fields_ = [
-        ("d_params", _P),
-        ("d_inputs", _P),
-        ("d_states", _P),
-        ("d_hoisted", _P),
-        ("upstream", _P),
-        ("deferred", _P),  # CUDA only: the deferred weight gradients' factor rows
-    ]
-
-
-def _pointers(arrays: list[np.ndarray | None]) -> Any:
+def _pointers(arrays: Sequence[np.ndarray | None]) -> Any:
     """A C array of pointers (NULL for None); the caller keeps the arrays alive."""
     table = (_P * max(len(arrays), 1))()
     for index, array in enumerate(arrays):
         table[index] = None if array is None else array.ctypes.data
     return table
-
-
-def packed_weights(lib: ctypes.CDLL, spec: Mapping[str, Any], params: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-    """Every GEMM weight the program names: its params stacked by rows (transposed where the backward
-    multiplies by W^T) and packed into panels by the library's own `cx_pack_weight`, on the host."""
-    lib.cx_packed_floats.argtypes = [ctypes.c_int, ctypes.c_int]
-    lib.cx_packed_floats.restype = ctypes.c_int64
-    lib.cx_pack_weight.argtypes = [_P, ctypes.c_int, ctypes.c_int, _P]
-    lib.cx_pack_weight.restype = None
-    packed_all = []
-    for weight in spec["packed"]:
-        transposed = weight.get("transposed") or [False] * len(weight["params"])
-        parts = [params[p].T if t else params[p] for p, t in zip(weight["params"], transposed)]
-        stacked = np.ascontiguousarray(np.concatenate(parts, axis=0), dtype=np.float32)
-        packed = np.empty(lib.cx_packed_floats(weight["m"], weight["k"]), dtype=np.float32)
-        lib.cx_pack_weight(stacked.ctypes.data, weight["m"], weight["k"], packed.ctypes.data)
-        packed_all.append(packed)
-    return packed_all
 
 
 class Saved:
@@ -105,11 +57,13 @@ class CpuExecutor:
             self.lib.cx_backward.argtypes = [ctypes.POINTER(CxCall), ctypes.POINTER(CxGrad)]
             self.lib.cx_backward.restype = ctypes.c_int
 
-    def _launch_forward(self, call: CxCall, lin: Linearized) -> None:
+    def _launch_forward(self, call: ctypes.Structure, lin: Linearized) -> None:
         if self.lib.cx_forward(ctypes.byref(call)) != 0:
             raise CortexcError("the compiled forward could not allocate its scratch memory")
 
-    def _launch_backward(self, call: CxCall, grad: CxGrad, lin: Linearized, upstream_mask: int) -> None:
+    def _launch_backward(
+        self, call: ctypes.Structure, grad: ctypes.Structure, lin: Linearized, upstream_mask: int
+    ) -> None:
         if self.lib.cx_backward(ctypes.byref(call), ctypes.byref(grad)) != 0:
             raise CortexcError("the compiled backward could not allocate its scratch memory")
 
@@ -126,7 +80,7 @@ class CpuExecutor:
         states: list[np.ndarray],
         hoisted: list[np.ndarray],
         outputs: list[np.ndarray],
-    ) -> tuple[CxCall, list[Any]]:
+    ) -> tuple[ctypes.Structure, list[Any]]:
         """The `cx_call` struct over these arrays, and the pointer tables that must outlive it."""
         call = CxCall(
             num_nodes=lin.num_nodes,

@@ -18,7 +18,7 @@ import numpy as np
 
 from cortexc.errors import CortexcError
 from cortexc.runtime.build import build_shared
-from cortexc.runtime.device import DeviceExecutor
+from cortexc.runtime.device import DeviceExecutor, LaunchOptions, cuda_include_flags
 
 INSTALL_HINT = "install cortexc[cuda] on a machine with an NVIDIA driver"
 
@@ -39,11 +39,21 @@ def _pycuda():
 class CudaExecutor(DeviceExecutor):
     """Runs one compiled cell on the GPU. `spec` is the cell's entry of the generated JSON."""
 
-    def __init__(self, spec: Mapping[str, Any], cuda_source: str, name: str):
+    def __init__(self, spec: Mapping[str, Any], cuda_source: str, name: str, launch: LaunchOptions | None = None):
         self.driver, self.gpuarray = _pycuda()
         major, minor = self.driver.Context.get_device().compute_capability()
-        flags = ("-x", "cu", "-O3", "-shared", "-Xcompiler", "-fPIC", f"-arch=sm_{major}{minor}")  # a .cu, named .c
-        super().__init__(spec, build_shared(cuda_source, f"{name}_sm{major}{minor}", compiler="nvcc", flags=flags))
+        flags: tuple[str, ...] = (
+            "-x",
+            "cu",
+            "-O3",
+            "-shared",
+            "-Xcompiler",
+            "-fPIC",
+            f"-arch=sm_{major}{minor}",
+        )  # a .cu, named .c
+        flags += cuda_include_flags()
+        library = build_shared(cuda_source, f"{name}_sm{major}{minor}", compiler="nvcc", flags=flags)
+        super().__init__(spec, library, launch)
 
     def _on_device(self, where: Mapping[str, tuple[int, tuple[int, ...]]]) -> dict[str, Any]:
         """``host=False``: each result copied, device to device, into a GPUArray of its own (the arena goes

@@ -7,33 +7,12 @@
  *     g++ -std=c++17 -O1 -x c++ -include cuda_emu.h kernel.cu driver.cpp
  *     (or: #include "cuda_emu.h" then #include "kernel.cu" in a driver)
  *
- * nvcc must not include this header (it stops with #error). The header defines CX_EMULATE; generated
- * .cu files carry nvcc's side of the few macros they use in this block, skipped under the emulator and
- * idempotent (several .cu files may be #included into one translation unit). The test kernels in
- * tests/cuda_emu/ carry it verbatim and are compiled with nvcc:
+ * nvcc must not include this header (it stops with #error). The header defines CX_EMULATE; nvcc's side
+ * of the few macros generated code uses is one header, which every generated .cu and every test kernel
+ * in tests/cuda_emu/ includes (skipped under the emulator; idempotent, so several .cu files may be
+ * #included into one translation unit):
  *
- * ---8<--- cx_emu nvcc prelude ---8<---
- * #if !defined(CX_EMULATE) && !defined(CX_NVCC_PRELUDE)
- * #define CX_NVCC_PRELUDE
- * #include <cooperative_groups.h>
- * #define CX_LAUNCH(kernel, grid, block, shmem, ...) kernel<<<(grid), (block), (shmem)>>>(__VA_ARGS__)
- * #define CX_LAUNCH_STREAM(kernel, grid, block, shmem, stream, ...) \
- *     kernel<<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__)
- * #define CX_LAUNCH_COOPERATIVE(kernel, grid, block, shmem, ...) \
- *     cx_launch_cooperative_((kernel), (grid), (block), (shmem), __VA_ARGS__)
- * #define CX_SHARED(T, name, count) __shared__ T name[count]
- * #define CX_SHARED_2D(T, name, rows, cols) __shared__ T name[rows][cols]
- * #define CX_DYNAMIC_SHARED(T, name) extern __shared__ __align__(16) T name[]
- * __device__ __forceinline__ void cx_grid_sync() { cooperative_groups::this_grid().sync(); }
- * template <class T> struct cx_type_identity_ { using type = T; };
- * template <class... P>
- * inline cudaError_t cx_launch_cooperative_(void (*kernel)(P...), dim3 grid, dim3 block, size_t shmem,
- *                                           typename cx_type_identity_<P>::type... args) {
- *     void *argv[] = {nullptr, (void *)&args...};
- *     return cudaLaunchCooperativeKernel((const void *)kernel, grid, block, argv + 1, shmem, 0);
- * }
- * #endif
- * ---8<--- end of cx_emu nvcc prelude ---8<---
+ *     #include "cuda_prelude.cuh"   (cortexc/runtime/cuda_prelude.cuh; compile with -I cortexc/runtime)
  *
  * API for generated code
  * ----------------------

@@ -11,29 +11,23 @@ params uploaded once). Only the driver beneath the CUDA runtime differs: here
 from __future__ import annotations
 
 from collections.abc import Mapping
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from cortexc.runtime.build import build_shared
-from cortexc.runtime.device import DeviceExecutor
+from cortexc.runtime.device import DeviceExecutor, LaunchOptions, cuda_include_flags
 
 EMU_FLAGS = ("-std=c++17", "-O1", "-fPIC", "-shared", "-Wall", "-Wno-unused-function", "-x", "c++")
 
 
-def emulator_header_dir() -> Path:
-    return Path(str(resources.files("cortexc.runtime").joinpath("cuda_emu.h"))).parent
-
-
 def build_emulated(source: str, name: str, source_path: str | Path | None = None) -> Path:
     """The shared library of a `.cu` source built for the emulator (cached like any build)."""
-    include = emulator_header_dir()
-    flags = (*EMU_FLAGS[:-2], f"-I{include}", "-include", "cuda_emu.h", *EMU_FLAGS[-2:])
+    flags = (*EMU_FLAGS[:-2], *cuda_include_flags(), "-include", "cuda_emu.h", *EMU_FLAGS[-2:])
     return build_shared(source, f"{name}_emu", source_path, compiler="g++", flags=flags)
 
 
 class EmulatedCudaExecutor(DeviceExecutor):
     """The CUDA target's host code and kernels, emulated on the CPU (tests; no GPU needed)."""
 
-    def __init__(self, spec: Mapping[str, Any], cuda_source: str, name: str):
-        super().__init__(spec, build_emulated(cuda_source, name))
+    def __init__(self, spec: Mapping[str, Any], cuda_source: str, name: str, launch: LaunchOptions | None = None):
+        super().__init__(spec, build_emulated(cuda_source, name), launch)

@@ -10,26 +10,91 @@ Per call, everything the kernels read or write lives in one block of device memo
 from call to call): the forest's index arrays, the inputs and the pointer tables are written into one
 host staging buffer and go up in one copy; the states, hoisted rows and outputs are zeroed with one
 memset; the results come back in one copy. Params and packed weights go up once, in `set_params`.
+
+How the driver launches (`LaunchOptions`) reaches the generated code as a `cx_launch` struct; the C side
+never reads the environment.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import enum
+import hashlib
+import os
 import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from cortexc.errors import CortexcError
+from cortexc.runtime.abi import LAUNCH_MODES, CxCall, CxGrad, CxLaunch, packed_weights
 from cortexc.runtime.build import load_library
-from cortexc.runtime.cpu import CxCall, CxGrad, packed_weights
 from cortexc.runtime.linearize import Linearized
 
 ALIGN = 256  # bytes: every array of an arena starts on a boundary this wide
 MIN_BLOCK = 1 << 20  # the smallest block the pool allocates, so small forests share one
+
+
+class LaunchMode(enum.Enum):
+    """How the CUDA driver launches the phases of a forward or backward (`driver_cuda.j2`)."""
+
+    SPLIT = "split"  # persistent, small levels shared by columns where the cell splits (the default)
+    PERSISTENT = "persistent"  # one cooperative launch, by row tiles only
+    LEVELS = "levels"  # one grid per kernel and level (small levels still split by columns)
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """Launch options of the CUDA target, passed to the generated entry points as a `cx_launch`.
+
+    `max_blocks` caps the grid (0: as many as fit); `weights_global` keeps the split mode's weight slices
+    in global memory. `from_environment` reads `CORTEXC_CUDA_MODE`, `CORTEXC_CUDA_BLOCKS` and
+    `CORTEXC_CUDA_WEIGHTS=global`; an executor given no options reads them once per call.
+    """
+
+    mode: LaunchMode = LaunchMode.SPLIT
+    max_blocks: int = 0
+    weights_global: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_blocks < 0:
+            raise CortexcError(f"LaunchOptions.max_blocks must be 0 (no cap) or positive, not {self.max_blocks}")
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> LaunchOptions:
+        environ = os.environ if environ is None else environ
+        mode = environ.get("CORTEXC_CUDA_MODE") or LaunchMode.SPLIT.value
+        if mode not in LAUNCH_MODES:
+            raise CortexcError(f"CORTEXC_CUDA_MODE={mode!r} is not a launch mode (one of {', '.join(LAUNCH_MODES)})")
+        blocks = environ.get("CORTEXC_CUDA_BLOCKS") or "0"
+        try:
+            max_blocks = int(blocks)
+        except ValueError:
+            raise CortexcError(f"CORTEXC_CUDA_BLOCKS={blocks!r} is not a number of blocks") from None
+        weights = environ.get("CORTEXC_CUDA_WEIGHTS", "")
+        return cls(LaunchMode(mode), max(max_blocks, 0), weights == "global")
+
+    def struct(self) -> ctypes.Structure:
+        """The `cx_launch` the entry points take."""
+        return CxLaunch(
+            mode=LAUNCH_MODES[self.mode.value], max_blocks=self.max_blocks, weights_global=int(self.weights_global)
+        )
+
+
+def cuda_include_flags() -> tuple[str, ...]:
+    """What a build of a generated `.cu` adds to its flags: the folder of the headers it includes
+    (`cuda_prelude.cuh`, and `cuda_emu.h` for the emulator), and their hash, so that the build cache
+    (keyed by source and flags) never reuses a library built against other headers."""
+    folder = Path(str(resources.files("cortexc.runtime").joinpath("cuda_prelude.cuh"))).parent
+    digest = hashlib.sha256()
+    for header in ("cuda_prelude.cuh", "cuda_emu.h"):
+        digest.update((folder / header).read_bytes())
+    return (f"-I{folder}", f"-DCX_HEADERS_SHA256={digest.hexdigest()[:16]}")
 
 
 def _aligned(nbytes: int) -> int:
@@ -174,7 +239,7 @@ class DeviceSaved:
     def __init__(
         self,
         lin: Linearized,
-        call: CxCall,
+        call: ctypes.Structure,
         device_call: int,
         layout: Layout,
         base: int,
@@ -191,12 +256,15 @@ class DeviceSaved:
 
 
 class DeviceExecutor:
-    """Runs one compiled cell's CUDA library. `spec` is the cell's entry of the generated JSON."""
+    """Runs one compiled cell's CUDA library. `spec` is the cell's entry of the generated JSON; `launch`
+    fixes the launch options (else they come from the environment, read once per call)."""
 
-    def __init__(self, spec: Mapping[str, Any], library_path: Path):
+    def __init__(self, spec: Mapping[str, Any], library_path: Path, launch: LaunchOptions | None = None):
         self.spec = spec
+        self.launch = launch
         self.lib = load_library(library_path)
-        self.lib.cx_forward.argtypes = [ctypes.POINTER(CxCall), ctypes.c_void_p, ctypes.c_void_p]
+        launch_arg = ctypes.POINTER(CxLaunch)
+        self.lib.cx_forward.argtypes = [ctypes.POINTER(CxCall), ctypes.c_void_p, ctypes.c_void_p, launch_arg]
         self.lib.cx_forward.restype = ctypes.c_int
         if hasattr(self.lib, "cx_backward"):
             self.lib.cx_backward.argtypes = [
@@ -205,6 +273,7 @@ class DeviceExecutor:
                 ctypes.c_void_p,
                 ctypes.c_void_p,
                 ctypes.c_int64,
+                launch_arg,
             ]
             self.lib.cx_backward.restype = ctypes.c_int
         self.memory = DeviceMemory(self.lib)
@@ -213,6 +282,9 @@ class DeviceExecutor:
         self._param_addresses: list[int] = []
         self._packed_addresses: list[int] = []
         weakref.finalize(self, ArenaPool.close, self.pool)
+
+    def _launch_struct(self) -> ctypes.Structure:
+        return (self.launch or LaunchOptions.from_environment()).struct()
 
     # --- params ----------------------------------------------------------------
     def set_params(self, params: Mapping[str, np.ndarray]) -> None:
@@ -284,7 +356,11 @@ class DeviceExecutor:
             )
             self.memory.upload(base, _staging(layout, uploaded, uploads, addresses, ("call", call)))
             self.memory.zero(base + uploaded, layout.size - uploaded)
-            if n and (status := self.lib.cx_forward(ctypes.byref(call), at("call"), lin.level_ptr.ctypes.data)) != 0:
+            launch = self._launch_struct()
+            forward = self.lib.cx_forward
+            if n and (
+                status := forward(ctypes.byref(call), at("call"), lin.level_ptr.ctypes.data, ctypes.byref(launch))
+            ):
                 raise CortexcError(f"the CUDA forward failed with cudaError {status}")
 
             # a state's first n rows (row n is the zero row missing children read)
@@ -360,7 +436,7 @@ class DeviceExecutor:
         for index, term in enumerate(self.spec.get("deferred", [])):
             rows = max(edges if term["rows"] == "child" else n, 1)
             zeroed[f"deferred/{index}"] = (rows, term["m"] + term["k"])
-        tables = {
+        tables: dict[str, list[str | None]] = {
             "d_params": [f"d_param/{name}" for name in abi["params"]],
             "d_inputs": [None if name in index_inputs else f"d_input/{name}" for name in abi["inputs"]],
             "d_states": [f"d_state/{name}" for name in abi["states"]],
@@ -393,6 +469,7 @@ class DeviceExecutor:
                         base + layout.offsets["grad"],
                         lin.level_ptr.ctypes.data,
                         mask,
+                        ctypes.byref(self._launch_struct()),
                     )
                 )
                 != 0

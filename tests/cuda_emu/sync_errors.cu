@@ -1,27 +1,6 @@
 /* cx_emu test kernel: synchronisation bugs. Compiled by g++ with cortexc/runtime/cuda_emu.h
-   (tests/test_cuda_emu.py) and by nvcc for sm_80/sm_90; the prelude is the one documented in cuda_emu.h. */
-// ---8<--- cx_emu nvcc prelude ---8<---
-#if !defined(CX_EMULATE) && !defined(CX_NVCC_PRELUDE)
-#define CX_NVCC_PRELUDE
-#include <cooperative_groups.h>
-#define CX_LAUNCH(kernel, grid, block, shmem, ...) kernel<<<(grid), (block), (shmem)>>>(__VA_ARGS__)
-#define CX_LAUNCH_STREAM(kernel, grid, block, shmem, stream, ...) \
-    kernel<<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__)
-#define CX_LAUNCH_COOPERATIVE(kernel, grid, block, shmem, ...) \
-    cx_launch_cooperative_((kernel), (grid), (block), (shmem), __VA_ARGS__)
-#define CX_SHARED(T, name, count) __shared__ T name[count]
-#define CX_SHARED_2D(T, name, rows, cols) __shared__ T name[rows][cols]
-#define CX_DYNAMIC_SHARED(T, name) extern __shared__ __align__(16) T name[]
-__device__ __forceinline__ void cx_grid_sync() { cooperative_groups::this_grid().sync(); }
-template <class T> struct cx_type_identity_ { using type = T; };
-template <class... P>
-inline cudaError_t cx_launch_cooperative_(void (*kernel)(P...), dim3 grid, dim3 block, size_t shmem,
-                                          typename cx_type_identity_<P>::type... args) {
-    void *argv[] = {nullptr, (void *)&args...};
-    return cudaLaunchCooperativeKernel((const void *)kernel, grid, block, argv + 1, shmem, 0);
-}
-#endif
-// ---8<--- end of cx_emu nvcc prelude ---8<---
+   (tests/test_cuda_emu.py) and by nvcc for sm_80/sm_90; the nvcc prelude is cortexc/runtime/cuda_prelude.cuh. */
+#include "cuda_prelude.cuh"  /* nvcc's side of the emulation macros (empty under the emulator) */
 
 /* Real CUDA bugs the emulator must stop on (each case runs in its own process). */
 __global__ void early_return(float *out)

@@ -1,5 +1,10 @@
-{#- The nvcc side of the CUDA emulation macros (cortexc/runtime/cuda_emu.h documents both sides). -#}
-// ---8<--- cx_emu nvcc prelude ---8<---
+/*
+ * cuda_prelude.cuh -- nvcc's side of the few macros the emulated CUDA uses (CX_LAUNCH, CX_SHARED,
+ * cx_grid_sync, ...). The emulator (cuda_emu.h, for g++) defines CX_EMULATE and its own side of them, so
+ * this header is empty there; under nvcc it maps them onto CUDA. Every generated .cu and every test
+ * kernel in tests/cuda_emu/ includes this one file (compile with -I pointing at cortexc/runtime).
+ * Idempotent: several .cu files may be #included into one translation unit.
+ */
 #if !defined(CX_EMULATE) && !defined(CX_NVCC_PRELUDE)
 #define CX_NVCC_PRELUDE
 #include <cooperative_groups.h>
@@ -20,4 +25,3 @@ inline cudaError_t cx_launch_cooperative_(void (*kernel)(P...), dim3 grid, dim3 
     return cudaLaunchCooperativeKernel((const void *)kernel, grid, block, argv + 1, shmem, 0);
 }
 #endif
-// ---8<--- end of cx_emu nvcc prelude ---8<---

@@ -1,0 +1,118 @@
+"""The kernel ABI, written once: the structs the executors fill and the generated code reads.
+
+Each struct is an ordered tuple of `Field`s. The executors build their ctypes structures from it and
+the code generator renders the C typedefs from it (`c_typedef`), so the two sides cannot drift apart.
+This module is part of the runtime and imports nothing from the compiler; the compiler imports it.
+Also here: the one host routine that packs the GEMM weights (`packed_weights`), used by every executor.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Field:
+    """One member of an ABI struct: its name, its C type (a 64-bit integer or a pointer) and what it holds."""
+
+    name: str
+    c_type: str
+    doc: str = ""
+
+    @property
+    def ctype(self) -> Any:
+        """The ctypes type of the member: int64 for `int64_t`, an address for every pointer."""
+        if self.c_type == "int64_t":
+            return ctypes.c_int64
+        if self.c_type.endswith("*"):
+            return ctypes.c_void_p
+        raise ValueError(f"ABI field {self.name}: no ctypes type for C type {self.c_type!r}")
+
+
+#: `cx_call`: the forest, and tables of pointers (params, packed weights, inputs, states, hoisted rows,
+#: outputs) in the order the generated module's JSON names under "abi"
+CALL_FIELDS: tuple[Field, ...] = (
+    Field("num_nodes", "int64_t", "N; every state array has N + 1 rows, the last all zeros"),
+    Field("num_levels", "int64_t"),
+    Field("max_children", "int64_t"),
+    Field("num_roots", "int64_t"),
+    Field("level_order", "const int64_t *", "node ids by level, children's levels first"),
+    Field("level_ptr", "const int64_t *", "[num_levels + 1] offsets into level_order"),
+    Field("edge_ptr", "const int64_t *", "[N + 1] by level-order position: its children in edge_child"),
+    Field("edge_child", "const int64_t *", "child node ids, child 0 first"),
+    Field("roots", "const int64_t *"),
+    Field("params", "float *const *"),
+    Field("packed", "const float *const *"),
+    Field("inputs", "const void *const *"),
+    Field("states", "float *const *"),
+    Field("hoisted", "float *const *"),
+    Field("outputs", "float *const *"),
+)
+
+#: `cx_grad`: the gradient arrays of a backward call
+GRAD_FIELDS: tuple[Field, ...] = (
+    Field("d_params", "float *const *", "zeroed; embedding rows and accumulated weight gradients land here"),
+    Field("d_inputs", "float *const *", "float inputs: [N, X] zeroed; NULL for index inputs"),
+    Field("d_states", "float *const *", "[N + 1] rows, the upstream gradients of the states (row N: a sink)"),
+    Field("d_hoisted", "float *const *", "[internal nodes] rows"),
+    Field("upstream", "const float *const *", "per output: its upstream gradient, or NULL"),
+    Field("deferred", "float *const *", "CUDA: per deferred weight gradient, its factors' rows (see driver)"),
+)
+
+#: `cx_launch`: how the CUDA driver launches (see `cortexc.runtime.device.LaunchOptions`)
+LAUNCH_FIELDS: tuple[Field, ...] = (
+    Field("mode", "int64_t", "LAUNCH_MODES: 0 split (the default), 1 persistent by rows, 2 one grid per level"),
+    Field("max_blocks", "int64_t", "caps the grid of a persistent or column launch (0: no cap)"),
+    Field("weights_global", "int64_t", "split mode: weight slices stay in global memory"),
+)
+
+#: the values of `cx_launch.mode`, by the name `CORTEXC_CUDA_MODE` and `LaunchOptions.mode` use
+LAUNCH_MODES: Mapping[str, int] = {"split": 0, "persistent": 1, "levels": 2}
+
+#: every struct of the ABI by its C name
+STRUCTS: Mapping[str, tuple[Field, ...]] = {"cx_call": CALL_FIELDS, "cx_grad": GRAD_FIELDS, "cx_launch": LAUNCH_FIELDS}
+
+
+def structure(name: str, fields: tuple[Field, ...]) -> type[ctypes.Structure]:
+    """A ctypes structure laid out as the C struct of these fields."""
+    return type(name, (ctypes.Structure,), {"_fields_": [(f.name, f.ctype) for f in fields]})
+
+
+def c_typedef(name: str, fields: tuple[Field, ...]) -> str:
+    """The C typedef of a struct (what the generated code declares)."""
+    lines = ["typedef struct {"]
+    for field in fields:
+        space = "" if field.c_type.endswith("*") else " "
+        member = f"    {field.c_type}{space}{field.name};"
+        lines.append(f"{member:<40}/* {field.doc} */" if field.doc else member)
+    lines.append(f"}} {name};")
+    return "\n".join(lines)
+
+
+CxCall = structure("CxCall", CALL_FIELDS)
+CxGrad = structure("CxGrad", GRAD_FIELDS)
+CxLaunch = structure("CxLaunch", LAUNCH_FIELDS)
+
+
+def packed_weights(lib: ctypes.CDLL, spec: Mapping[str, Any], params: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """Every GEMM weight the program names: its params stacked by rows (transposed where the backward
+    multiplies by W^T) and packed into panels by the library's own `cx_pack_weight`, on the host. The
+    one packing routine: the CPU executor keeps the result, the device executor uploads it."""
+    lib.cx_packed_floats.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.cx_packed_floats.restype = ctypes.c_int64
+    lib.cx_pack_weight.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    lib.cx_pack_weight.restype = None
+    packed_all = []
+    for weight in spec["packed"]:
+        transposed = weight.get("transposed") or [False] * len(weight["params"])
+        parts = [params[p].T if t else params[p] for p, t in zip(weight["params"], transposed)]
+        stacked = np.ascontiguousarray(np.concatenate(parts, axis=0), dtype=np.float32)
+        packed = np.empty(lib.cx_packed_floats(weight["m"], weight["k"]), dtype=np.float32)
+        lib.cx_pack_weight(stacked.ctypes.data, weight["m"], weight["k"], packed.ctypes.data)
+        packed_all.append(packed)
+    return packed_all

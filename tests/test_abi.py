@@ -1,0 +1,97 @@
+"""The kernel ABI is defined once (cortexc/runtime/abi.py): the C typedefs the code generator renders and the
+ctypes structures the executors fill must agree member for member, offset for offset; and the generated code
+reads its launch options and the nvcc prelude from the one place each lives."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+
+import pytest
+
+from cortexc.codegen.render import render
+from cortexc.codegen.target import CUDA
+from cortexc.passes.schedule import schedule
+from cortexc.pipeline import compile_file
+from cortexc.runtime import abi
+from cortexc.runtime.device import LaunchMode, LaunchOptions
+from tests.conftest import EXAMPLES
+
+STRUCTS = {"cx_call": abi.CxCall, "cx_grad": abi.CxGrad, "cx_launch": abi.CxLaunch}
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not found")
+def test_rendered_typedefs_and_ctypes_structs_have_one_layout(tmp_path):
+    """A C program prints offsetof of every member and sizeof of every struct, compiled from the very typedefs
+    the templates render; the ctypes structures must say the same."""
+    lines = ["#include <stddef.h>", "#include <stdint.h>", "#include <stdio.h>"]
+    lines += [abi.c_typedef(name, fields) for name, fields in abi.STRUCTS.items()]
+    lines.append("int main(void) {")
+    expected = []
+    for name, fields in abi.STRUCTS.items():
+        for field in fields:
+            lines.append(f'    printf("%zu\\n", offsetof({name}, {field.name}));')
+            expected.append(getattr(STRUCTS[name], field.name).offset)
+        lines.append(f'    printf("%zu\\n", sizeof({name}));')
+        expected.append(ctypes.sizeof(STRUCTS[name]))
+    lines.append("    return 0;\n}")
+    source = tmp_path / "layout.c"
+    source.write_text("\n".join(lines))
+    subprocess.run(["gcc", "-std=c11", "-Wall", "-Werror", "-o", tmp_path / "layout", source], check=True)
+    printed = subprocess.run([tmp_path / "layout"], capture_output=True, text=True, check=True).stdout.split()
+    assert [int(x) for x in printed] == expected
+
+
+def test_generated_code_declares_the_abi_it_is_given():
+    """The rendered source carries the typedefs of abi.py verbatim (C target: cx_call and cx_grad; CUDA: also
+    cx_launch), includes the one nvcc prelude and never reads the environment."""
+    program = schedule(compile_file(EXAMPLES / "binary_treelstm.cell")[0])
+    cuda = render(program, CUDA, "binary_treelstm.cell")
+    for name, fields in abi.STRUCTS.items():
+        assert abi.c_typedef(name, fields) in cuda, name
+    assert '#include "cuda_prelude.cuh"' in cuda and "#define CX_LAUNCH(" not in cuda
+    assert "getenv" not in cuda and "CORTEXC_" not in cuda.replace("CORTEXC_CUDA", "")
+
+
+def test_launch_options_from_the_environment():
+    assert LaunchOptions.from_environment({}) == LaunchOptions()
+    options = LaunchOptions.from_environment(
+        {"CORTEXC_CUDA_MODE": "levels", "CORTEXC_CUDA_BLOCKS": "3", "CORTEXC_CUDA_WEIGHTS": "global"}
+    )
+    assert options == LaunchOptions(LaunchMode.LEVELS, 3, True)
+    struct = options.struct()
+    assert (struct.mode, struct.max_blocks, struct.weights_global) == (abi.LAUNCH_MODES["levels"], 3, 1)
+    with pytest.raises(Exception, match="not a launch mode"):
+        LaunchOptions.from_environment({"CORTEXC_CUDA_MODE": "fastest"})
+    with pytest.raises(Exception, match="not a number"):
+        LaunchOptions.from_environment({"CORTEXC_CUDA_BLOCKS": "many"})
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found (the emulated CUDA build)")
+def test_explicit_launch_options_win_over_the_environment(rng, tmp_path, monkeypatch):
+    """An executor given LaunchOptions launches as they say whatever the environment says; without them the
+    environment is read at each call."""
+    import cortexc
+    from cortexc import Forest
+    from cortexc.runtime.cuda_emulated import EmulatedCudaExecutor
+    from cortexc.runtime.linearize import linearize
+    from tests.conftest import random_inputs, relative_error
+
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path / "cache"))
+    module = cortexc.load(EXAMPLES / "treernn.cell", out_dir=tmp_path, X=4, H=6)
+    cls = getattr(module, module.__all__[0])
+    reference = cls(device="interp", seed=2)
+    forest = Forest.random(3, rng=rng, binary=True, max_nodes=9)
+    inputs = random_inputs(reference.cell, forest, rng)
+    expected = reference(forest, **inputs)
+    source = cls._kernel_sources["cuda"]
+    fixed = EmulatedCudaExecutor(cls._spec, source, "launch_options", LaunchOptions(LaunchMode.LEVELS))
+    from_environment = EmulatedCudaExecutor(cls._spec, source, "launch_options")
+    monkeypatch.setenv("CORTEXC_CUDA_MODE", "persistent")
+    for executor, launches in ((fixed, forest.num_levels), (from_environment, 1)):
+        executor.set_params(reference.params)
+        got, _ = executor.forward(linearize(forest), inputs)
+        assert relative_error(got["h"], expected["h"]) < 1e-5
+        count = executor.lib.cx_last_launch_count()
+        assert count == 1 if launches == 1 else count >= launches
