@@ -9,7 +9,7 @@ the golden tests compare. `compile_package` runs them all; `compile_source`
 stops after the cell passes (for callers that want the IR).
 
     parse -> lower -> specialize -> hoist -> autodiff -> schedule
-          -> columns (per target) -> render (per target) -> package
+          -> target (per-target program passes) -> render (per target) -> package
 
 The package stage only builds the files; `install_package` writes them.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -116,20 +116,25 @@ def schedule_stage(cells: tuple[Cell, ...], job: Job) -> tuple[Program, ...]:
     return tuple(schedule(cell) for cell in cells)
 
 
-def columns_stage(programs: tuple[Program, ...], job: Job) -> tuple[tuple[TargetProgram, ...], ...]:
-    """Requires: scheduled programs. Guarantees: per cell, one program per target of the options; a target
-    that shares small levels among blocks by columns (`Target.column_split`) keeps the column split
-    `cortexc.passes.columns` found, the others run whole rows (no split)."""
+def target_stage(programs: tuple[Program, ...], job: Job) -> tuple[tuple[TargetProgram, ...], ...]:
+    """Requires: scheduled programs. Guarantees: per cell, one program per target of the options, after
+    that target's program passes: the column split (`passes.columns.split_columns`) for a target that
+    shares small levels among blocks by columns (`Target.column_split`), deferred weight gradients
+    (`passes.deferred`) for one that computes them after the recursion (`Target.defer_outer_products`)."""
     from cortexc.codegen.target import TARGETS
+    from cortexc.passes.columns import split_columns
+    from cortexc.passes.deferred import defer_outer_products
 
     per_cell = []
     for program in programs:
         variants = []
         for name in job.options.targets:
-            target_program = program
-            if not TARGETS[name].column_split:
-                target_program = replace(program, kernels=tuple(replace(k, split=None) for k in program.kernels))
-            variants.append(TargetProgram(name, target_program))
+            target, variant = TARGETS[name], program
+            if target.column_split:
+                variant = split_columns(variant)
+            if target.defer_outer_products:
+                variant = defer_outer_products(variant)
+            variants.append(TargetProgram(name, variant))
         per_cell.append(tuple(variants))
     return tuple(per_cell)
 
@@ -215,7 +220,7 @@ def _stages() -> tuple[Stage, ...]:
         Stage("hoist", _per_cell(hoist), _verify_cells, _dump_cells),
         Stage("autodiff", _per_cell(autodiff), _verify_cells, _dump_cells),
         Stage("schedule", schedule_stage, _verify_programs, _dump_programs),
-        Stage("columns", columns_stage, _verify_variants, _dump_variants),
+        Stage("target", target_stage, _verify_variants, _dump_variants),
         Stage("render", render_stage, _verify_rendered),
         Stage("package", package_stage, _verify_package),
     )

@@ -12,6 +12,8 @@ import pytest
 
 from cortexc.codegen.render import render
 from cortexc.codegen.target import CUDA
+from cortexc.passes.columns import split_columns
+from cortexc.passes.deferred import defer_outer_products
 from cortexc.passes.schedule import schedule
 from cortexc.pipeline import compile_file
 from cortexc.runtime import abi
@@ -46,7 +48,7 @@ def test_rendered_typedefs_and_ctypes_structs_have_one_layout(tmp_path):
 def test_generated_code_declares_the_abi_it_is_given():
     """The rendered source carries the typedefs of abi.py verbatim (C target: cx_call and cx_grad; CUDA: also
     cx_launch), includes the one nvcc prelude and never reads the environment."""
-    program = schedule(compile_file(EXAMPLES / "binary_treelstm.cell")[0])
+    program = defer_outer_products(split_columns(schedule(compile_file(EXAMPLES / "binary_treelstm.cell")[0])))
     cuda = render(program, CUDA, "binary_treelstm.cell")
     for name, fields in abi.STRUCTS.items():
         assert abi.c_typedef(name, fields) in cuda, name

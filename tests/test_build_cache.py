@@ -288,8 +288,8 @@ def test_dump_ir_writes_the_stages(compiled_treelstm):
     assert dumped[3:] == [
         "ChildSumTreeLSTM.03-autodiff.ir",
         "ChildSumTreeLSTM.04-schedule.prog",
-        "ChildSumTreeLSTM.05-columns.c.prog",
-        "ChildSumTreeLSTM.05-columns.cuda.prog",
+        "ChildSumTreeLSTM.05-target.c.prog",
+        "ChildSumTreeLSTM.05-target.cuda.prog",
     ]
     for name in dumped:
         head = "cell" if name.endswith(".ir") else "program"

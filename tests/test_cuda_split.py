@@ -13,7 +13,7 @@ import pytest
 
 import cortexc
 from cortexc import Forest
-from cortexc.passes.columns import why_not
+from cortexc.passes.columns import split_columns, why_not
 from cortexc.passes.schedule import schedule
 from tests.conftest import EXAMPLES, random_inputs, relative_error, small_forest, twin_models
 
@@ -82,14 +82,14 @@ EXPECTED_PERIODS = {
 
 def _node_kernel(source: str, name: str):
     cell = cortexc.compile_source(source, f"{name}.cell")[0]
-    return schedule(cell).kernel("node")
+    return split_columns(schedule(cell)).kernel("node")
 
 
 def test_the_leaf_kernel_splits_with_the_node_kernels_period():
     """One ownership of columns serves the whole launch: every example's leaf kernel splits with H too;
     a leaf kernel whose period differs from the node kernel's stays whole."""
     for path in sorted(EXAMPLES.glob("*.cell")):
-        program = schedule(cortexc.compile_file(path)[0])
+        program = split_columns(schedule(cortexc.compile_file(path)[0]))
         assert program.kernel("leaf").split.period == program.kernel("node").split.period, path.stem
     source = """
 cell Mismatch on tree(arity = 2) {
@@ -102,7 +102,7 @@ cell Mismatch on tree(arity = 2) {
     node { h = tanh(W @ concat(child[0].h, child[1].h) + b) }
 }
 """
-    program = schedule(cortexc.compile_source(source, "mismatch.cell")[0])
+    program = split_columns(schedule(cortexc.compile_source(source, "mismatch.cell")[0]))
     assert program.kernel("node").split.period == 6
     assert program.kernel("leaf").split is None
 
@@ -134,7 +134,7 @@ def test_the_period_follows_the_dims():
     source = (EXAMPLES / "binary_treelstm.cell").read_text()
     for hidden in (7, 64, 256):
         cell = cortexc.compile_source(source, "b.cell", {"H": hidden})[0]
-        assert schedule(cell).kernel("node").split.period == hidden
+        assert split_columns(schedule(cell)).kernel("node").split.period == hidden
 
 
 def test_the_c_target_never_splits(tmp_path):
@@ -186,7 +186,7 @@ def _emulate_against_the_interpreter(module, rng, monkeypatch, **environment: st
     got, expected = emulated(forest, **inputs), reference(forest, **inputs)
     for key, value in expected.items():
         assert relative_error(got[key], value) < 1e-5, key
-    period = schedule(reference.cell).kernel("node").split.period
+    period = split_columns(schedule(reference.cell)).kernel("node").split.period
     return emulated, forest, period
 
 

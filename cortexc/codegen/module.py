@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cortexc import __version__
-from cortexc.codegen.render import abi, deferred_outer_products, environment
+from cortexc.codegen.render import abi, environment
 from cortexc.codegen.target import TARGETS
 from cortexc.ir.cell import Cell
 from cortexc.ir.program import Program
@@ -91,9 +91,7 @@ def cell_spec(cell: Cell, program: Program, kernel_files: Mapping[str, str]) -> 
         ],
         "abi": abi(cell, program),
         "kernels": dict(kernel_files),
-        "deferred": [
-            {"rows": t["rows"], "m": t["m"], "k": t["k"], "param": t["param"]} for t in deferred_outer_products(program)
-        ],
+        "deferred": [{"rows": t.rows.value, "m": t.m, "k": t.k, "param": t.param} for t in program.deferred or ()],
         "schedule": [
             {
                 "kernel": k.name,

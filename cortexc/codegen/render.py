@@ -94,6 +94,8 @@ _ROWS_DOC = {
 def render(program: Program, target: Target, source_file: str) -> str:
     """The kernel source of a program for a target (C or CUDA), from the one skeleton."""
     cell = program.cell
+    if target.defer_outer_products and program.deferred is None:
+        raise ValueError(f"the {target.name} target defers weight gradients: run passes.deferred first")
     deferred = deferred_outer_products(program) if target.defer_outer_products else []
     kernels = [_kernel_context(cell, program, kernel, target, deferred) for kernel in program.kernels]
     accumulators = [
@@ -177,39 +179,33 @@ _KERNEL_POSITIONS = {
 
 
 def deferred_outer_products(program: Program) -> list[dict[str, Any]]:
-    """The weight gradients a target defers (`Target.defer_outer_products`): every `AccumOuter` of a
-    gradient kernel. During the recursion its factors' rows are kept, one row per node position (or
-    child edge) of the forest, and after it one GEMM per term over all those rows adds them up. On a
-    GPU this moves the weight gradients' FLOPs out of the levels (where a few blocks would do them) into
-    one phase every block shares. Each term: its kernel and step, param, m, k, rows ("node"/"child"), and
-    the first and last row of the forest (C expressions over `call`)."""
+    """The program's deferred weight-gradient terms (`passes.deferred`) as template values: each with the
+    first and last row of the forest its factors cover (C expressions over `call`)."""
     terms = []
-    for kernel in program.kernels:
-        for number, step in enumerate(kernel.steps):
-            if not isinstance(step, AccumOuter):
-                continue
-            if kernel.rows == Rows.LEVEL:
-                first, last = (
-                    ("call->level_ptr[1]", "call->num_nodes")
-                    if kernel.role == KernelRole.GRAD_NODE
-                    else ("0", "call->level_ptr[1]")
-                )
-            else:
-                first, last = _KERNEL_POSITIONS[kernel.rows]
-            if step.rows == RowKind.CHILD:
-                first, last = f"call->edge_ptr[{first}]", f"call->edge_ptr[{last}]"
-            terms.append(
-                {
-                    "kernel": kernel.name,
-                    "step": number,
-                    "param": step.param,
-                    "m": step.m,
-                    "k": step.k,
-                    "rows": step.rows.value,
-                    "first": first,
-                    "last": last,
-                }
+    for term in program.deferred or ():
+        kernel = program.kernel(term.kernel)
+        if kernel.rows == Rows.LEVEL:
+            first, last = (
+                ("call->level_ptr[1]", "call->num_nodes")
+                if kernel.role == KernelRole.GRAD_NODE
+                else ("0", "call->level_ptr[1]")
             )
+        else:
+            first, last = _KERNEL_POSITIONS[kernel.rows]
+        if term.rows == RowKind.CHILD:
+            first, last = f"call->edge_ptr[{first}]", f"call->edge_ptr[{last}]"
+        terms.append(
+            {
+                "kernel": term.kernel,
+                "step": term.step,
+                "param": term.param,
+                "m": term.m,
+                "k": term.k,
+                "rows": term.rows.value,
+                "first": first,
+                "last": last,
+            }
+        )
     return terms
 
 
@@ -471,8 +467,4 @@ def _step_context(exprs: KernelExprs, kernel: Kernel, step) -> dict[str, Any]:
     raise NotImplementedError(type(step))  # pragma: no cover
 
 
-def render_c(program: Program, target: Target, source_file: str) -> str:
-    return render(program, target, source_file)
-
-
-__all__ = ["render", "render_c", "abi", "environment", "width"]
+__all__ = ["render", "abi", "environment", "width"]

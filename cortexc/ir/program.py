@@ -306,6 +306,20 @@ class PackedWeight:
 
 
 @dataclass(frozen=True)
+class DeferredOuter:
+    """A weight-gradient term a target computes after the recursion instead of per tile: the `AccumOuter`
+    at ``steps[step]`` of kernel ``kernel`` only keeps its factors' rows (one per node position, or per
+    child edge, of the forest) and one GEMM over all of them adds ``outer(a, b)`` to ``param``."""
+
+    kernel: str
+    step: int
+    param: str
+    m: int
+    k: int
+    rows: RowKind
+
+
+@dataclass(frozen=True)
 class Program:
     cell: Cell
     kernels: tuple[Kernel, ...]  # in launch order: pre?, leaf, node, outputs...; then the gradient kernels
@@ -313,6 +327,7 @@ class Program:
     accumulators: tuple[tuple[str, int, int], ...] = ()  # (param, offset, floats) of per-thread gradients
     forward: tuple[Phase, ...] = ()  # the launch order of a forward: pre?, leaves, levels up, outputs
     backward: tuple[Phase, ...] = ()  # of a backward: output gradients, levels down, leaves, pre?
+    deferred: tuple[DeferredOuter, ...] | None = None  # set by `passes.deferred` (targets that defer them)
 
     def kernel(self, name: str) -> Kernel:
         return next(k for k in self.kernels if k.name == name)

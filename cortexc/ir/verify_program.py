@@ -68,6 +68,15 @@ def _verify(program: Program) -> None:
         _expect(start == offset, f"accumulator {name} starts at {start}, expected {offset}")
         _expect(floats == math.prod(params[name].shape), f"accumulator {name} has {floats} floats")
         offset += floats
+    for term in program.deferred or ():
+        steps = {k.name: k.steps for k in program.kernels}
+        _expect(term.kernel in steps and 0 <= term.step < len(steps[term.kernel]), f"deferred {term} has no step")
+        step = steps[term.kernel][term.step]
+        _expect(
+            isinstance(step, AccumOuter)
+            and (step.param, step.m, step.k, step.rows) == (term.param, term.m, term.k, term.rows),
+            f"deferred term {term.kernel}[{term.step}] is not its AccumOuter",
+        )
     for kernel in program.kernels:
         try:
             _verify_kernel(program, kernel, packed, accumulated)

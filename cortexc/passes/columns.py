@@ -24,6 +24,7 @@ result would need every block's columns, i.e. a grid barrier inside a node) or t
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from cortexc.ir.cell import Value
 from cortexc.ir.ops import BINARY_OPS, REDUCE_OPS, UNARY_OPS, Op
@@ -33,8 +34,10 @@ from cortexc.ir.program import (
     ColumnSplit,
     Gemm,
     Kernel,
+    KernelRole,
     Loop,
     PlaceKind,
+    Program,
     Reduce,
     Store,
     StoreMode,
@@ -46,6 +49,22 @@ _COLUMNWISE = BINARY_OPS | UNARY_OPS | REDUCE_OPS | {Op.EXPAND}
 
 def width(value: Value) -> int:
     return math.prod(value.shape) if value.shape else 1
+
+
+def split_columns(program: Program) -> Program:
+    """The per-target program pass: the node kernel's column split, and the leaf kernel's when its period
+    is the node kernel's (one ownership of columns serves the whole launch); other kernels run whole.
+
+    Requires: a scheduled program. Guarantees: ``split`` set on the leaf/node kernels that may be shared
+    among blocks by columns (see the module docstring), None elsewhere.
+    """
+    node = program.role(KernelRole.NODE)
+    node_split = column_split(node)
+    leaf_split = column_split(program.role(KernelRole.LEAF))
+    if node_split is None or leaf_split is None or leaf_split.period != node_split.period:
+        leaf_split = None
+    splits = {KernelRole.NODE: node_split, KernelRole.LEAF: leaf_split}
+    return replace(program, kernels=tuple(replace(k, split=splits.get(k.role)) for k in program.kernels))
 
 
 def column_split(kernel: Kernel) -> ColumnSplit | None:

@@ -59,7 +59,6 @@ from cortexc.ir.program import (
     StoreTarget,
     Sweep,
 )
-from cortexc.passes.columns import column_split
 
 ELEMENTWISE = BINARY_OPS | UNARY_OPS
 
@@ -79,13 +78,8 @@ def schedule(cell: Cell) -> Program:
     kernels = []
     if cell.pre is not None:
         kernels.append(_kernel(KernelRole.PRE, Rows.INTERNAL, cell.pre, cell, packed))
-    leaf = _kernel(KernelRole.LEAF, Rows.LEVEL, cell.leaf, cell, packed)
-    node = _kernel(KernelRole.NODE, Rows.LEVEL, cell.node, cell, packed)
-    node = replace(node, split=column_split(node))
-    leaf_split = column_split(leaf)
-    if node.split is None or leaf_split is None or leaf_split.period != node.split.period:
-        leaf_split = None  # one ownership of columns serves the whole launch: the node kernel's
-    kernels += [replace(leaf, split=leaf_split), node]
+    kernels.append(_kernel(KernelRole.LEAF, Rows.LEVEL, cell.leaf, cell, packed))
+    kernels.append(_kernel(KernelRole.NODE, Rows.LEVEL, cell.node, cell, packed))
     for out in cell.outputs:
         rows = Rows.ROOTS if out.at_root else Rows.NODES
         kernels.append(_kernel(KernelRole.OUTPUT, rows, out.body, cell, packed, out.name))
