@@ -142,6 +142,14 @@ def _gemm_left(body: Body, value: Value) -> tuple[str, bool] | None:
     return None
 
 
+def _gemm_left_of(body: Body, value: Value) -> tuple[str, bool]:
+    """`_gemm_left` of a matmul already grouped as a GEMM (it has a param on the left)."""
+    left = _gemm_left(body, value)
+    if left is None:  # pragma: no cover - only grouped matmuls are asked
+        raise ValueError("not a param @ vector product")
+    return left
+
+
 def _gemm_groups(body: Body) -> dict[int, list[int]]:
     """Matmuls `param matrix @ per-row vector`, grouped by their right operand."""
     groups: dict[int, list[int]] = defaultdict(list)
@@ -262,7 +270,7 @@ def _kernel(role: KernelRole, rows: Rows, body: Body, cell: Cell, packed: dict, 
             if operand not in group_buffer:
                 total = sum(values[m].shape[0] for m in members)
                 group_buffer[operand] = new_buffer(value, total, "g")
-                lefts = tuple(_gemm_left(body, values[m]) for m in members)
+                lefts = tuple(_gemm_left_of(body, values[m]) for m in members)
                 k = values[operand].shape[0]
                 if lefts not in packed:
                     packed[lefts] = PackedWeight(
@@ -275,9 +283,9 @@ def _kernel(role: KernelRole, rows: Rows, body: Body, cell: Cell, packed: dict, 
             column = sum(values[m].shape[0] for m in members[: members.index(index)])
             places.append(Place(PlaceKind.BUFFER, group_buffer[operand], column))
         elif op == Op.MATMUL:
-            a, b = (values[x] for x in value.args)
-            m, k = a.shape
-            n = b.shape[1] if len(b.shape) == 2 else 1
+            left, right = (values[x] for x in value.args)
+            m, k = left.shape
+            n = right.shape[1] if len(right.shape) == 2 else 1
             places.append(Place(PlaceKind.BUFFER, new_buffer(value)))
             steps.append(SmallMatmul(index, places[-1].buffer, row_kind(value), m, k, n))
         elif op in REDUCE_OPS:

@@ -43,7 +43,7 @@ def run_linearized(
 ) -> dict[str, np.ndarray]:
     """States and outputs for validated inputs and params (arrays of `dtype`)."""
     n = lin.num_nodes
-    states = {s.name: np.zeros((n, *s.shape), dtype) for s in cell.states}
+    states: dict[str, np.ndarray] = {s.name: np.zeros((n, *s.shape), dtype) for s in cell.states}
     for position in range(n):
         index = int(lin.level_order[position])
         children = _children(lin, position)
@@ -64,7 +64,7 @@ def run_linearized(
 def _readout(body: Body, rows: np.ndarray, states: Any, inputs: Any, params: Any, dtype: type) -> np.ndarray:
     """A read-out for the given nodes, one node at a time like the recursion."""
     shape = body.values[body.results[0][1]].shape
-    result = np.zeros((len(rows), *shape), dtype)
+    result: np.ndarray = np.zeros((len(rows), *shape), dtype)
     for i, index in enumerate(rows):
         node = interp.NodeView(int(index), NO_CHILDREN, states, inputs, params, dtype)
         result[i] = interp.eval_body(body, node)[body.results[0][1]]
@@ -85,7 +85,7 @@ def backward_linearized(
     if grad_bodies is None or leaf_body is None:
         raise ValueError("backward needs a cell with gradient bodies (the specialize and autodiff passes)")
     n = lin.num_nodes
-    d_states = {s.name: np.zeros((n, *s.shape), dtype) for s in cell.states}
+    d_states: dict[str, np.ndarray] = {s.name: np.zeros((n, *s.shape), dtype) for s in cell.states}
     for name, grad in upstream.items():
         if name in d_states:
             d_states[name] += grad
