@@ -154,7 +154,8 @@ class OpDef:
     (the row's max), ``total`` (the sum of ``expf({0} - top)``) and
     ``out_row[j]`` (which holds ``expf({0} - top)``), after ``c_row_setup``
     ran once for the row. ``c_helper`` defines a function that ``c`` calls
-    (emitted once per kernel file, with the target's qualifiers in front).
+    (emitted once in every kernel file whose program uses the op, with the
+    target's qualifiers in front).
     ``at_zero`` is the value with every operand zero (None: not a constant;
     specialisation then computes the op on an explicit zero).
     """
@@ -162,6 +163,7 @@ class OpDef:
     op: Op
     kind: OpKind
     surface: str | None  # the function name or operator symbol a .cell file writes; None: made by passes
+    # (or, for `neg`, written as unary minus, which the front end reads itself)
     shape: Callable[..., Shape]
     numpy: Callable[..., np.ndarray]
     c: str
