@@ -21,7 +21,7 @@ from cortexc import Forest
 from cortexc.cli import main
 from cortexc.ir import interp
 from cortexc.runtime import build
-from tests.conftest import EXAMPLES, REPO, random_inputs
+from tests.helpers import EXAMPLES, REPO, random_inputs
 
 TINY = """\
 # a small cell whose kernels build fast

@@ -21,7 +21,7 @@ import cortexc
 from cortexc import Forest, Vocab
 from cortexc.ir import interp
 from cortexc.ir.cell import Structure
-from tests.conftest import EXAMPLES, random_inputs, sst_path
+from tests.helpers import EXAMPLES, random_inputs, sst_path
 
 TOL = 1e-5
 

@@ -12,7 +12,7 @@ from cortexc.ir.ops import Domain, Op
 from cortexc.ir.printer import format_cell
 from cortexc.ir.verify import IRVerifyError, verify_cell
 from cortexc.pipeline import compile_file
-from tests.conftest import EXAMPLES, REPO
+from tests.helpers import EXAMPLES, REPO
 
 GOLDEN = REPO / "tests" / "golden"
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.cell"))
