@@ -1,74 +1,100 @@
-"""Shared fixtures: where the examples and the SST data are, and random inputs for a cell."""
+"""Fixtures, and the `slow` / `nvcc` marks given at collection from the tables below.
+
+The plain helpers live in tests/helpers.py; the names below are re-exported for modules that still
+import them from here.
+"""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-EXAMPLES = REPO / "examples"
-SST_DIR = Path(os.environ.get("CORTEXC_SST_DIR", REPO.parent / "shared" / "data" / "sst"))
+from tests.helpers import (
+    EXAMPLES,
+    REPO,
+    SST_DIR,
+    children_of,
+    compare_backward,
+    nvcc_compile,
+    random_inputs,
+    relative_error,
+    small_forest,
+    sst_path,
+    twin_models,
+)
+
+__all__ = [
+    "EXAMPLES",
+    "REPO",
+    "SST_DIR",
+    "children_of",
+    "compare_backward",
+    "nvcc_compile",
+    "random_inputs",
+    "relative_error",
+    "small_forest",
+    "sst_path",
+    "twin_models",
+]
+
+# Marks kept here, keyed on "file.py" (every test of the module), "file.py::test" (every parameter) or
+# "file.py::test[id]" (one), rather than on the tests themselves: one table to tune, and no mark lines in
+# test bodies. `-m "not slow"` is the quick run (every nvcc test is slow too); the default runs all.
+# Measured with `pytest --durations`: a test is slow when it takes over about 2 s on its own.
+NVCC = {
+    "test_cuda_emu.py::test_kernels_compile_with_nvcc",
+    "test_cuda_emu.py::test_nvcc_refuses_the_emulator_header",
+    "test_cuda_target.py::test_every_example_kernel_compiles_with_nvcc_without_spills",
+    "test_invented_cells.py::test_every_invented_cell_compiles_with_nvcc_without_spills",
+    "test_cuda_gpu.py",  # device="cuda" builds with nvcc (skipped without a GPU)
+    "test_ops.py::test_every_op_compiles_with_nvcc_without_spills",
+}
+SLOW = {
+    "test_invented_cells.py",  # one build per invented cell and device
+    "test_cli.py::test_run_on_sst_trees",
+    "test_compiled.py::test_all_of_sst_train_in_one_call",
+    "test_compiled.py::test_binary_treelstm_on_sst_dev",
+    "test_compiled.py::test_odd_dim_overrides",
+    "test_compiled.py::test_stress_cell_matches_interp",
+    "test_cuda_emu.py::test_address_sanitizer_sees_shared_memory_overflow",
+    "test_cuda_split.py::test_per_level_mode_splits_small_levels_too",
+    "test_cuda_split.py::test_split_mode_at_sizes_that_span_several_chunks_and_passes",
+    "test_cuda_split.py::test_split_mode_matches_the_interpreter",
+    "test_cuda_split.py::test_the_plan_falls_back_when_shared_memory_is_short",
+    "test_cuda_target.py::test_emulated_cuda_at_sizes_that_span_several_gemm_chunks",
+    "test_cuda_target.py::test_the_cuda_executor_with_a_stand_in_for_pycuda",
+    "test_device_executor.py::test_one_upload_one_memset_one_download_per_call",
+    "test_train.py::test_short_sst_training_run_lowers_the_loss",
+    "test_runtime_without_compiler.py::test_package_runs_cpu_with_the_compiler_blocked",
+}
 
 
-def sst_path(split: str) -> Path:
-    """Path of an SST split; skips the test (with the reason) when the data is absent."""
-    path = SST_DIR / f"{split}.txt"
-    if not path.exists():
-        pytest.skip(f"SST data not found at {path} (set CORTEXC_SST_DIR)")
-    return path
+def _table_keys(item: pytest.Item) -> tuple[str, ...]:
+    function = getattr(item, "originalname", item.name)
+    return (item.path.name, f"{item.path.name}::{function}", f"{item.path.name}::{item.name}")
 
 
-def random_inputs(cell, forest, rng: np.random.Generator, scale: float = 1.0) -> dict[str, np.ndarray]:
-    """One random row per node for every input of the cell (indices in range)."""
-    inputs = {}
-    for decl in cell.inputs:
-        if decl.is_index:
-            inputs[decl.name] = rng.integers(0, decl.index_range, forest.num_nodes).astype(np.int32)
-        else:
-            inputs[decl.name] = (scale * rng.standard_normal((forest.num_nodes, *decl.shape))).astype(np.float32)
-    return inputs
-
-
-def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
-    """Normwise: max |actual - expected| / max |expected| (0 for empty arrays)."""
-    if expected.size == 0:
-        return 0.0
-    return float(np.abs(actual - expected).max() / (np.abs(expected).max() + 1e-30))
-
-
-def small_forest(cell, rng: np.random.Generator, trees: int, max_nodes: int, chains=(7, 2, 1), dag_nodes: int = 30):
-    """A forest the cell accepts: a random DAG for DAG cells, chains of the given lengths for chain
-    cells, else random trees (binary for arity 2, nodes missing children for other arities)."""
-    from cortexc import Forest
-
-    if cell.structure.shares_children:
-        return Forest.random_dag(dag_nodes, rng=rng)
-    if cell.arity == 1:
-        return Forest.concat([Forest.from_parents([i + 1 if i < n - 1 else -1 for i in range(n)]) for n in chains])
-    return Forest.random(trees, rng=rng, binary=cell.arity == 2, max_children=cell.arity or 5, max_nodes=max_nodes)
-
-
-def twin_models(module, device: str, seed: int, rng: np.random.Generator, jitter: float = 0.1):
-    """The package's first cell on `device` and in the interpreter, with the same params: the seeded
-    init plus noise (so that no gradient is trivially zero)."""
-    cls = getattr(module, module.__all__[0])
-    model, reference = cls(device=device, seed=seed), cls(device="interp", seed=seed)
-    params = {k: v + jitter * rng.standard_normal(v.shape).astype(np.float32) for k, v in reference.params.items()}
-    model.load_params(params)
-    reference.load_params(params)
-    return model, reference
-
-
-def compare_backward(model, reference, out, expected, rng: np.random.Generator, rtol: float = 1e-5) -> None:
-    """Random upstream gradients of every result; the two backwards must agree within `rtol`."""
-    upstream = {key: rng.standard_normal(value.shape).astype(np.float32) for key, value in expected.items()}
-    grads, expected_grads = model.backward(out, upstream), reference.backward(expected, upstream)
-    assert set(grads) == set(expected_grads)
-    for key, value in expected_grads.items():
-        assert relative_error(grads[key], value) < rtol, f"d{key}"
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests named in NVCC and SLOW; refuse a table entry whose test no longer exists."""
+    seen_modules = {}
+    for item in items:
+        keys = _table_keys(item)
+        if any(key in NVCC for key in keys):
+            item.add_marker(pytest.mark.nvcc)
+            item.add_marker(pytest.mark.slow)
+        elif any(key in SLOW for key in keys):
+            item.add_marker(pytest.mark.slow)
+        module = getattr(item, "module", None)
+        if module is not None:
+            seen_modules[item.path.name] = module
+    for entry in sorted(NVCC | SLOW):
+        file, _, test = entry.partition("::")
+        function = test.partition("[")[0]
+        if function and file in seen_modules and not hasattr(seen_modules[file], function):
+            raise pytest.UsageError(f"tests/conftest.py marks {entry}, but {file} has no {function}")
 
 
 @pytest.fixture

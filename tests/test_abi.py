@@ -18,7 +18,7 @@ from cortexc.passes.schedule import schedule
 from cortexc.pipeline import compile_file
 from cortexc.runtime import abi
 from cortexc.runtime.device import LaunchMode, LaunchOptions
-from tests.conftest import EXAMPLES
+from tests.helpers import EXAMPLES
 
 STRUCTS = {"cx_call": abi.CxCall, "cx_grad": abi.CxGrad, "cx_launch": abi.CxLaunch}
 
@@ -78,7 +78,7 @@ def test_explicit_launch_options_win_over_the_environment(rng, tmp_path, monkeyp
     from cortexc import Forest
     from cortexc.runtime.cuda_emulated import EmulatedCudaExecutor
     from cortexc.runtime.linearize import linearize
-    from tests.conftest import random_inputs, relative_error
+    from tests.helpers import random_inputs, relative_error
 
     monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path / "cache"))
     module = cortexc.load(EXAMPLES / "treernn.cell", out_dir=tmp_path, X=4, H=6)

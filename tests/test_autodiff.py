@@ -25,7 +25,7 @@ from cortexc.ir.ops import Domain, Op
 from cortexc.pipeline import compile_file, compile_source
 from cortexc.runtime import reference
 from cortexc.runtime.forest import Forest
-from tests.conftest import EXAMPLES, random_inputs
+from tests.helpers import EXAMPLES, children_of, random_inputs, relative_error
 
 FD_RTOL = 1e-6  # float64 finite differences, per coordinate
 TORCH_RTOL = {np.float32: 1e-4, np.float64: 1e-9}  # normwise, per array
@@ -160,11 +160,6 @@ def fd_case(
     return fd_check(cell, forest, params, inputs, upstream, rng, what, coords, focus)
 
 
-def rel_err(got, ref) -> float:
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30)) if ref.size else 0.0
-
-
 def chain_parents(lengths) -> list[int]:
     """Chains for `tree(arity = 1)` cells: in each, node i's child is node i - 1 (sequence order)."""
     parents, offset = [], 0
@@ -176,15 +171,6 @@ def chain_parents(lengths) -> list[int]:
 
 def chains(lengths) -> Forest:
     return Forest.from_parents(chain_parents(lengths))
-
-
-def children_of(parents) -> list[list[int]]:
-    """Children in increasing index order (the documented `from_parents` order), from our own array."""
-    kids: list[list[int]] = [[] for _ in parents]
-    for i, p in enumerate(parents):
-        if p >= 0:
-            kids[p].append(i)
-    return kids
 
 
 def own_random_dag(rng, n: int, max_children: int = 3) -> tuple[Forest, list[list[int]]]:
@@ -430,9 +416,9 @@ def test_float64_gradients_vs_torch(name, rng):
     upstream = random_upstream(out, rng)
     ref_out, ref = torch_grads(torch, make_fn(children_of(parents)), params, inputs, upstream, np.float64)
     for k in ref_out:
-        assert rel_err(out[k], ref_out[k]) <= TORCH_RTOL[np.float64], f"forward {k}"
+        assert relative_error(out[k], ref_out[k]) <= TORCH_RTOL[np.float64], f"forward {k}"
     grads = analytic(cell, forest, params, inputs, upstream, np.float64)
-    errors = {k: rel_err(grads[k], ref[k]) for k in grads}
+    errors = {k: relative_error(grads[k], ref[k]) for k in grads}
     print(
         f"graderr[torch float64, {name}] max={max(errors.values()):.2e} "
         + " ".join(f"{k}={v:.1e}" for k, v in errors.items())
@@ -462,12 +448,12 @@ def test_float32_model_gradients_vs_torch(name, rng):
     grads = model.backward(out, upstream)
     ref_out, ref = torch_grads(torch, make_fn(children_of(parents)), params, inputs, upstream, np.float32)
     for k in ref_out:
-        assert rel_err(out[k], ref_out[k]) <= TORCH_RTOL[np.float32], f"forward {k}"
+        assert relative_error(out[k], ref_out[k]) <= TORCH_RTOL[np.float32], f"forward {k}"
     assert set(grads) == set(ref)
     errors = {}
     for k, g in grads.items():
         assert g.dtype == np.float32 and g.shape == ref[k].shape, k
-        errors[k] = rel_err(g, ref[k])
+        errors[k] = relative_error(g, ref[k])
     print(
         f"graderr[torch float32 model, {name}] max={max(errors.values()):.2e} "
         + " ".join(f"{k}={v:.1e}" for k, v in errors.items())
@@ -518,7 +504,7 @@ def test_lstm_gradients_vs_torch_nn_lstm(dtype, rng):
         grads = model.backward(model(forest, grad=True, x=x), upstream)
     else:
         grads = analytic(cell, forest, params, {"x": x}, upstream, np.float64)
-    errors = {k: rel_err(grads[k], ref[k]) for k in ref}
+    errors = {k: relative_error(grads[k], ref[k]) for k in ref}
     print(f"graderr[torch nn.LSTM {np.dtype(dtype).name}] max={max(errors.values()):.2e}")
     assert max(errors.values()) <= TORCH_RTOL[dtype], errors
 
@@ -1036,4 +1022,4 @@ def test_cpu_backward_is_a_clear_error_or_matches_the_interpreter(binary_model):
         ref_model = module.BinaryTreeLSTM(device="interp")
         ref = ref_model.backward(ref_model(forest, grad=True, word=words), {"logits": np.ones_like(out["logits"])})
         for k in ref:
-            assert rel_err(grads[k], ref[k]) <= 1e-4, k
+            assert relative_error(grads[k], ref[k]) <= 1e-4, k

@@ -20,7 +20,7 @@ import cortexc
 from cortexc import Forest
 from cortexc.cli import main
 from cortexc.runtime import build, reference
-from tests.conftest import EXAMPLES, REPO, random_inputs
+from tests.helpers import EXAMPLES, REPO, random_inputs
 
 TINY = """\
 # a small cell whose kernels build fast

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from cortexc.cli import main
-from tests.conftest import EXAMPLES, sst_path
+from tests.helpers import EXAMPLES, sst_path
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -21,7 +21,7 @@ import cortexc
 from cortexc import Forest, Vocab
 from cortexc.ir.cell import Structure
 from cortexc.runtime import reference
-from tests.conftest import EXAMPLES, random_inputs, sst_path
+from tests.helpers import EXAMPLES, random_inputs, sst_path
 
 TOL = 1e-5
 

@@ -7,7 +7,7 @@ import pytest
 
 import cortexc
 from cortexc import Forest
-from tests.conftest import EXAMPLES, random_inputs, small_forest
+from tests.helpers import EXAMPLES, random_inputs, small_forest
 
 DIMS = {"X": 9, "H": 7, "V": 20, "C": 3}
 

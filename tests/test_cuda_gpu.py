@@ -24,7 +24,7 @@ import pytest
 import cortexc
 from cortexc import Forest
 from cortexc.runtime.vocab import Vocab
-from tests.conftest import EXAMPLES, REPO, random_inputs
+from tests.helpers import EXAMPLES, REPO, random_inputs
 
 DEVICE = os.environ.get("CORTEXC_GPU_TEST_DEVICE", "cuda")
 REQUIRE_GPU = os.environ.get("CORTEXC_REQUIRE_GPU") == "1"

@@ -15,7 +15,7 @@ import cortexc
 from cortexc import Forest
 from cortexc.passes.columns import split_columns, why_not
 from cortexc.passes.schedule import schedule
-from tests.conftest import EXAMPLES, random_inputs, relative_error, small_forest, twin_models
+from tests.helpers import EXAMPLES, random_inputs, relative_error, small_forest, twin_models
 
 INVENTED = {
     # a second GEMM on the first one's result: a node would need every block's columns

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -14,8 +13,15 @@ import pytest
 
 import cortexc
 from cortexc import Forest
-from cortexc.runtime.device import cuda_include_flags
-from tests.conftest import EXAMPLES, compare_backward, random_inputs, relative_error, small_forest, twin_models
+from tests.helpers import (
+    EXAMPLES,
+    compare_backward,
+    nvcc_compile,
+    random_inputs,
+    relative_error,
+    small_forest,
+    twin_models,
+)
 
 DIMS = {"X": 9, "H": 7, "V": 20, "C": 3}
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.cell"))
@@ -67,27 +73,6 @@ def test_cuda_device_without_pycuda_is_a_clear_error(packages):
         model(forest, x=np.zeros((forest.num_nodes, 9), np.float32))
 
 
-def _nvcc(path) -> subprocess.CompletedProcess:
-    command = [
-        "nvcc",
-        "-gencode",
-        "arch=compute_80,code=sm_80",
-        "-gencode",
-        "arch=compute_90,code=sm_90",
-        "-c",
-        "-O3",
-        "-Werror",
-        "all-warnings",
-        "-Xptxas",
-        "-v",
-        *cuda_include_flags(),
-        "-o",
-        str(path.with_suffix(".o")),
-        str(path),
-    ]
-    return subprocess.run(command, capture_output=True, text=True)
-
-
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_every_example_kernel_compiles_with_nvcc_without_spills(packages):
     sources = []
@@ -96,7 +81,7 @@ def test_every_example_kernel_compiles_with_nvcc_without_spills(packages):
         sources += sorted(p for p in __import__("pathlib").Path(directory).glob("*.cu"))
     assert len(sources) == len(EXAMPLE_FILES)
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(_nvcc, sources))
+        results = list(pool.map(nvcc_compile, sources))
     for path, result in zip(sources, results):
         assert result.returncode == 0, f"{path.name}:\n{result.stderr[-3000:]}"
         spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", result.stderr)

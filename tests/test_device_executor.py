@@ -11,7 +11,7 @@ import pytest
 import cortexc
 from cortexc import Forest
 from cortexc.runtime.device import DeviceMemory, Layout
-from tests.conftest import EXAMPLES, random_inputs, relative_error
+from tests.helpers import EXAMPLES, random_inputs, relative_error
 
 
 @pytest.fixture(scope="module")

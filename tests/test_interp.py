@@ -20,7 +20,7 @@ from cortexc.ir import interp
 from cortexc.runtime import reference
 from cortexc.runtime.forest import Forest
 from cortexc.runtime.params import check_params, init_params
-from tests.conftest import EXAMPLES, random_inputs, sst_path
+from tests.helpers import EXAMPLES, children_of, random_inputs, relative_error, sst_path
 
 RTOL = {np.float32: 1e-5, np.float64: 1e-12}
 SST_TREES = 150
@@ -47,30 +47,16 @@ def as_dtype(arrays: dict[str, np.ndarray], dtype) -> dict[str, np.ndarray]:
     return {k: (v.astype(dtype) if np.issubdtype(v.dtype, np.floating) else v) for k, v in arrays.items()}
 
 
-def rel_err(got, ref) -> float:
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30)) if ref.size else 0.0
-
-
 def assert_close(got, ref, dtype, what: str) -> None:
     """Normwise relative error within RTOL[dtype] (printed for the record), shapes equal."""
     got = np.asarray(got)
     ref = np.asarray(ref)
     assert got.shape == ref.shape, f"{what}: shape {got.shape} != {ref.shape}"
     assert got.dtype == np.dtype(dtype), f"{what}: dtype {got.dtype}, expected {np.dtype(dtype)}"
-    err = rel_err(got, ref)
+    err = relative_error(got, ref)
     print(f"relerr[{what}, {np.dtype(dtype).name}] = {err:.3g}")
     scale = max(float(np.abs(ref).max()), 1.0)
     np.testing.assert_allclose(got, ref, rtol=RTOL[dtype], atol=RTOL[dtype] * scale, err_msg=what)
-
-
-def children_of(parents) -> list[list[int]]:
-    """Children in increasing index order (the documented from_parents order), from our own array."""
-    kids: list[list[int]] = [[] for _ in parents]
-    for i, p in enumerate(parents):
-        if p >= 0:
-            kids[p].append(i)
-    return kids
 
 
 def ref_run(children: list[list[int]], node_fn) -> list:

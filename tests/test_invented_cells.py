@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,8 +16,7 @@ import pytest
 
 import cortexc
 from cortexc import Forest
-from cortexc.runtime.device import cuda_include_flags
-from tests.conftest import compare_backward, random_inputs, relative_error
+from tests.helpers import compare_backward, nvcc_compile, random_inputs, relative_error
 from tests.test_autodiff import INVENTED as GRADIENT_CELLS
 from tests.test_autodiff import invented_forest
 from tests.test_compiled import STRESS, stress_forest
@@ -76,33 +74,12 @@ def test_invented_cell_forward_and_backward_match_the_interpreter(packages, stem
         compare_backward(compiled, reference, out_c, out_r, rng, BACKWARD_RTOL)
 
 
-def _nvcc(path: Path) -> subprocess.CompletedProcess:
-    command = [
-        "nvcc",
-        "-gencode",
-        "arch=compute_80,code=sm_80",
-        "-gencode",
-        "arch=compute_90,code=sm_90",
-        "-c",
-        "-O3",
-        "-Werror",
-        "all-warnings",
-        "-Xptxas",
-        "-v",
-        *cuda_include_flags(),
-        "-o",
-        str(path.with_suffix(".o")),
-        str(path),
-    ]
-    return subprocess.run(command, capture_output=True, text=True)
-
-
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_every_invented_cell_compiles_with_nvcc_without_spills(packages):
     sources = sorted({path for module in packages.values() for path in Path(next(iter(module.__path__))).glob("*.cu")})
     assert len(sources) >= len(CELLS)  # a file may hold two cells: one .cu per cell
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(_nvcc, sources))
+        results = list(pool.map(nvcc_compile, sources))
     for path, result in zip(sources, results):
         assert result.returncode == 0, f"{path.name}:\n{result.stderr[-3000:]}"
         spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", result.stderr)

@@ -27,7 +27,7 @@ from cortexc.ir.ops import OPS, STRUCTURAL_OPS, Op, OpKind
 from cortexc.passes.autodiff import autodiff
 from cortexc.passes.specialize import specialize
 from cortexc.runtime import reference
-from tests.test_invented_cells import _nvcc as nvcc
+from tests.helpers import nvcc_compile as nvcc
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional

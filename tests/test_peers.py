@@ -25,7 +25,7 @@ from cortexc.frontend import lower_source  # noqa: E402
 from cortexc.runtime import reference  # noqa: E402
 from cortexc.runtime.forest import Forest  # noqa: E402
 from cortexc.runtime.vocab import Vocab  # noqa: E402
-from tests.conftest import EXAMPLES, sst_path  # noqa: E402
+from tests.helpers import EXAMPLES, relative_error, sst_path  # noqa: E402
 
 RTOL = 1e-5
 SST_TREES = 50
@@ -43,19 +43,13 @@ def random_params(cell, rng: np.random.Generator) -> dict[str, np.ndarray]:
     return {d.name: rng.normal(0.0, 0.5, d.shape).astype(np.float32) for d in cell.params}
 
 
-def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
-    got = np.asarray(got, np.float64)
-    ref = np.asarray(ref, np.float64)
-    return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30)) if ref.size else 0.0
-
-
 def assert_matches_interp(peer_class, cell, params, forest: Forest, ids: np.ndarray) -> None:
     ref = reference.run(cell, forest, params, {"word": ids})
     out = peer_class(params)(forest, ids)
     for key in ("h", "c", "logits"):
         assert out[key].shape == ref[key].shape, f"{peer_class.__name__} {key}: shape"
         assert out[key].dtype == np.float32, f"{peer_class.__name__} {key}: dtype {out[key].dtype}"
-        err = rel_err(out[key], ref[key])
+        err = relative_error(out[key], ref[key])
         assert err <= RTOL, f"{peer_class.__name__} {key}: relative error {err:.2e} > {RTOL}"
 
 

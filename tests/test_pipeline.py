@@ -16,7 +16,7 @@ from cortexc.ir.verify import IRVerifyError, verify_cell
 from cortexc.ir.verify_program import ProgramVerifyError, verify_program
 from cortexc.options import KNOWN_TARGETS, CompileOptions
 from cortexc.pipeline import compile_file, compile_package
-from tests.conftest import EXAMPLES, REPO
+from tests.helpers import EXAMPLES, REPO
 
 GOLDEN = REPO / "tests" / "golden"
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.cell"))

@@ -23,7 +23,7 @@ from cortexc import Forest
 from cortexc.options import KNOWN_TARGETS, CompileOptions
 from cortexc.pipeline import write_package
 from cortexc.runtime.loader import import_package
-from tests.conftest import EXAMPLES, REPO, random_inputs, relative_error
+from tests.helpers import EXAMPLES, REPO, random_inputs, relative_error
 
 #: what a running package must not need (the compiler and its libraries)
 COMPILER_MODULES = ("cortexc.frontend", "cortexc.passes", "cortexc.codegen", "cortexc.pipeline", "lark", "jinja2")

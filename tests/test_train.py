@@ -12,7 +12,7 @@ from cortexc.errors import InputError
 from cortexc.runtime.forest import Forest
 from cortexc.runtime.vocab import Vocab
 from cortexc.train import SGD, Adagrad, Adam, accuracy, batches, softmax_cross_entropy
-from tests.conftest import EXAMPLES, sst_path
+from tests.helpers import EXAMPLES, sst_path
 
 SHAPES = {"W": (4, 3), "b": (4,), "E": (6, 2)}
 

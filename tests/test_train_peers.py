@@ -19,18 +19,11 @@ from benchmarks.train_peers import TorchLevelBatchedTrain, TorchPerNodeTrain  # 
 from cortexc.runtime.forest import Forest  # noqa: E402
 from cortexc.runtime.vocab import Vocab  # noqa: E402
 from cortexc.train import softmax_cross_entropy  # noqa: E402
-from tests.conftest import EXAMPLES, sst_path  # noqa: E402
+from tests.helpers import EXAMPLES, relative_error, sst_path  # noqa: E402
 
 RTOL = 1e-4
 TREES = 30
 DIMS = {"H": 8, "X": 6, "C": 5}
-
-
-def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
-    """Normwise relative error: max |got - ref| over max |ref|."""
-    got = np.asarray(got, np.float64)
-    ref = np.asarray(ref, np.float64)
-    return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30)) if ref.size else 0.0
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +54,7 @@ def test_grads_match_cortexc(setup, peer_class):
     _, ref = cortexc_grads(model, forest, ids, labels)
     got = peer_class(params).grads(forest, ids, labels)
     assert set(got) == set(ref)
-    errors = {name: rel_err(got[name], ref[name]) for name in ref}
+    errors = {name: relative_error(got[name], ref[name]) for name in ref}
     for name in ref:
         assert got[name].shape == ref[name].shape, name
         assert np.abs(ref[name]).max() > 0, f"cortexc's gradient of {name} is all zeros"
@@ -74,7 +67,7 @@ def test_peers_agree_with_each_other(setup):
     level = TorchLevelBatchedTrain(params).grads(forest, ids, labels)
     per_node = TorchPerNodeTrain(params).grads(forest, ids, labels)
     for name in level:
-        assert rel_err(per_node[name], level[name]) <= RTOL, name
+        assert relative_error(per_node[name], level[name]) <= RTOL, name
 
 
 def test_loss_and_logits_match_cortexc(setup):
@@ -83,7 +76,7 @@ def test_loss_and_logits_match_cortexc(setup):
     ref_loss, _ = softmax_cross_entropy(ref_logits, labels)
     for peer_class in (TorchLevelBatchedTrain, TorchPerNodeTrain):
         peer = peer_class(params)
-        assert rel_err(peer.logits(forest, ids), ref_logits) <= RTOL, peer_class.__name__
+        assert relative_error(peer.logits(forest, ids), ref_logits) <= RTOL, peer_class.__name__
         with torch.no_grad():
             loss = float(peer.loss(peer.prepare(forest, ids, labels)))
         assert abs(loss - ref_loss) <= RTOL * abs(ref_loss), peer_class.__name__
@@ -121,4 +114,4 @@ def test_missing_child_reads_zeros():
     level = TorchLevelBatchedTrain(params).grads(forest, ids, labels)
     per_node = TorchPerNodeTrain(params).grads(forest, ids, labels)
     for name in level:
-        assert rel_err(per_node[name], level[name]) <= 1e-5, name
+        assert relative_error(per_node[name], level[name]) <= 1e-5, name

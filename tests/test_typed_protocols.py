@@ -11,7 +11,7 @@ from cortexc.ir.program import Store, StoreMode, StoreTarget
 from cortexc.ir.verify import IRVerifyError, verify_cell
 from cortexc.passes.schedule import schedule
 from cortexc.pipeline import compile_file, compile_source
-from tests.conftest import EXAMPLES
+from tests.helpers import EXAMPLES
 from tests.test_autodiff import INVENTED
 
 

@@ -10,7 +10,7 @@ no result needs are dropped at the end of each body.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -358,8 +358,9 @@ def _neg(scope: _Scope, expr: ast.Neg) -> int | None:
 def _call(scope: _Scope, expr: ast.Call) -> int | None:
     func, sink, b = expr.func, scope.sink, scope.builder
     if func == "concat":
-        args = [_float_operand(scope, a) for a in expr.args]
-        if any(a is None for a in args):
+        maybe_args = [_float_operand(scope, a) for a in expr.args]
+        args = [a for a in maybe_args if a is not None]
+        if len(args) != len(maybe_args):
             return None
         values = [_value(scope, a) for a in args]
         try:
@@ -507,7 +508,8 @@ def _child_at(scope: _Scope, expr: ast.ChildAt) -> int | None:
     return scope.builder.add(Op.CHILD_STATE_AT, (), state.shape, Domain.NODE, attrs, loc=expr.loc)
 
 
-_HANDLERS = {
+# Each handler takes its own ast class, so the value type is as wide as Any.
+_HANDLERS: dict[type[ast.Expr], Callable[[_Scope, Any], int | None]] = {
     ast.Number: _number,
     ast.Name: _name,
     ast.Binary: _binary,

@@ -7,6 +7,7 @@ tokens the grammar would have accepted written as the user would type them.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from importlib import resources
 
 import lark
@@ -36,7 +37,8 @@ def parse(source: str, file: str = "<string>") -> ast.Module:
     try:
         tree = _lark().parse(source)
     except lark.exceptions.UnexpectedCharacters as err:
-        char = source[err.pos_in_stream] if err.pos_in_stream < len(source) else ""
+        pos = err.pos_in_stream
+        char = source[pos] if pos is not None and pos < len(source) else ""
         raise CellSyntaxError(f"unexpected character {char!r}", loc(err.line, err.column)) from None
     except lark.exceptions.UnexpectedToken as err:
         where = _end_loc(lines, file) if err.token.type == "$END" else loc(err.line, err.column)
@@ -65,7 +67,7 @@ def _describe_terminal(name: str) -> str:
     return name.lower()
 
 
-def _unexpected_message(token: Token | None, expected: set[str]) -> str:
+def _unexpected_message(token: Token | None, expected: Iterable[str]) -> str:
     if token is None or token.type == "$END":
         closing = "'}'" if any(_describe_terminal(n) == "'}'" for n in expected) else ""
         return "unexpected end of file" + (f", expected {closing}" if closing else "")
@@ -101,8 +103,7 @@ class _ToAst(Transformer):
                 body.extend(item)
             elif item is not None:
                 body.append(item)
-        body = tuple(body)
-        return ast.CellDef(str(name), kind, arity, body, self._at(name))
+        return ast.CellDef(str(name), kind, arity, tuple(body), self._at(name))
 
     def tree(self, keyword, arity=None):
         return ("tree", arity)

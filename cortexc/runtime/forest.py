@@ -14,33 +14,26 @@ after construction, so a forest can be shared between runs and threads.
 Building one is vectorised NumPy (no Python work per node) except where the
 input itself is Python objects (``from_nested``, ``from_networkx``) or the
 constructor is a test helper (``random``, ``random_dag``).
+
+This module is the structure itself (derivation of parents and levels, its
+checks, ``from_parents`` and ``concat``). The other constructors live by
+idea and are reached through the classmethods here: ``ptb`` (the bracket
+reader), ``forest_readers`` (networkx graphs, nested tuples),
+``forest_random`` (generators); ``csr`` holds the CSR steps they share.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
 from cortexc.errors import ForestError
+from cortexc.runtime.csr import counts_to_ptr, gather_segments
 
 __all__ = ["Forest"]
-
-# Byte values used by the PTB tokenizer.
-_OPEN_BYTE = ord("(")
-_CLOSE_BYTE = ord(")")
-_SPACE_BYTE = ord(" ")
-_NEWLINE_BYTE = ord("\n")
-
-# Token kinds in the PTB token stream; _NONE marks "no token" (line start/end).
-_OPEN, _CLOSE, _ATOM, _NONE = 0, 1, 2, -1
-
-# An atom is a label or a word: anything up to an ASCII space, a bracket or a
-# line end. Only ASCII space separates tokens (SST words contain U+00A0).
-_ATOM_RE = re.compile(r"[^ ()\n]+")
 
 _INT32_MIN = int(np.iinfo(np.int32).min)
 _INT32_MAX = int(np.iinfo(np.int32).max)
@@ -50,26 +43,6 @@ def _readonly(array: np.ndarray) -> np.ndarray:
     """Mark an array the forest owns as read-only (the forest is immutable)."""
     array.flags.writeable = False
     return array
-
-
-def _gather_segments(ptr: np.ndarray, idx: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-    """Concatenate ``idx[ptr[n]:ptr[n+1]]`` for every n in ``nodes``, without a loop."""
-    starts = ptr[nodes]
-    lengths = ptr[nodes + 1] - starts
-    total = int(lengths.sum())
-    if total == 0:
-        return idx[:0]
-    # Position k of the output belongs to segment s; its source is starts[s] + (k - first_k[s]).
-    first_k = np.cumsum(lengths) - lengths
-    positions = np.repeat(starts - first_k, lengths) + np.arange(total, dtype=np.int64)
-    return idx[positions]
-
-
-def _counts_to_ptr(counts: np.ndarray) -> np.ndarray:
-    """CSR offsets (length n+1, starting at 0) from per-row counts."""
-    ptr = np.zeros(counts.shape[0] + 1, dtype=np.int64)
-    np.cumsum(counts, out=ptr[1:])
-    return ptr
 
 
 def _as_index_array(values: Any, what: str) -> np.ndarray:
@@ -101,7 +74,7 @@ def _kahn_levels(num_children: np.ndarray, parent_ptr: np.ndarray, parent_idx: n
     step = 0
     while frontier.size:
         level[frontier] = step
-        readers = _gather_segments(parent_ptr, parent_idx, frontier)
+        readers = gather_segments(parent_ptr, parent_idx, frontier)
         if readers.size == 0:
             break
         touched, hits = np.unique(readers, return_counts=True)
@@ -205,14 +178,14 @@ class Forest:
         self_loops = np.flatnonzero(owner == child_idx)
         if self_loops.size:
             node = int(owner[self_loops[0]])
-            raise ForestError(f"{_node_name(node, names)} reads itself (it is its own child)")
+            raise ForestError(f"{node_name(node, names)} reads itself (it is its own child)")
 
         # Edges are listed by owner, so a stable sort by child keeps each
         # child's parents in increasing order.
         by_child = np.argsort(child_idx, kind="stable")
         parent_idx = owner[by_child]
         num_parents = np.bincount(child_idx, minlength=num_nodes).astype(np.int64)
-        parent_ptr = _counts_to_ptr(num_parents)
+        parent_ptr = counts_to_ptr(num_parents)
         parents = np.full(num_nodes, -1, dtype=np.int64)
         has_parent = num_parents > 0
         parents[has_parent] = parent_idx[parent_ptr[:-1][has_parent]]
@@ -224,7 +197,7 @@ class Forest:
                 raise ForestError(_cycle_message(int(unfinished[0]), level, child_ptr, child_idx, names))
         num_levels = int(level.max()) + 1 if num_nodes else 0
         level_order = np.argsort(level, kind="stable").astype(np.int64)
-        level_ptr = _counts_to_ptr(np.bincount(level, minlength=num_levels).astype(np.int64))
+        level_ptr = counts_to_ptr(np.bincount(level, minlength=num_levels).astype(np.int64))
 
         set_ = object.__setattr__
         set_(self, "child_ptr", _readonly(child_ptr))
@@ -298,6 +271,26 @@ class Forest:
     # ---------------------------------------------------------- constructors
 
     @classmethod
+    def _from_csr(
+        cls,
+        child_ptr: np.ndarray,
+        child_idx: np.ndarray,
+        labels: Any = None,
+        words: Sequence[Any] | None = None,
+        *,
+        names: Sequence[Hashable] | None = None,
+        level: np.ndarray | None = None,
+    ) -> Forest:
+        """Build from int64 children CSR arrays (owned, not copied) whose values are already in range.
+
+        The path of the runtime's own readers, which have checked the ranges
+        themselves; ``_setup`` still checks self-loops and cycles.
+        """
+        forest = cls.__new__(cls)
+        forest._setup(child_ptr, child_idx, labels, words, names, level)
+        return forest
+
+    @classmethod
     def _from_parent_array(
         cls,
         parents: np.ndarray,
@@ -309,10 +302,8 @@ class Forest:
         child = np.flatnonzero(parents >= 0)
         owner = parents[child]
         order = np.argsort(owner, kind="stable")  # children stay in increasing order
-        child_ptr = _counts_to_ptr(np.bincount(owner, minlength=num_nodes).astype(np.int64))
-        forest = cls.__new__(cls)
-        forest._setup(child_ptr, child[order].astype(np.int64), labels, words, None, None)
-        return forest
+        child_ptr = counts_to_ptr(np.bincount(owner, minlength=num_nodes).astype(np.int64))
+        return cls._from_csr(child_ptr, child[order].astype(np.int64), labels, words)
 
     @classmethod
     def from_parents(
@@ -353,43 +344,9 @@ class Forest:
         every node must have that integer attribute; with ``word_attr`` a node's
         word is that attribute (None where absent).
         """
-        import networkx as nx
+        from cortexc.runtime.forest_readers import from_networkx
 
-        if not isinstance(graph, nx.DiGraph) or graph.is_multigraph():
-            raise ForestError(f"from_networkx needs a networkx.DiGraph, got {type(graph).__name__}")
-        names = list(graph.nodes)
-        index = {name: i for i, name in enumerate(names)}
-        counts = np.zeros(len(names), dtype=np.int64)
-        child_list: list[int] = []
-        pred = graph.pred
-        for i, name in enumerate(names):
-            kids = pred[name]
-            if name in kids:
-                raise ForestError(f"{_node_name(i, names)} reads itself (self-loop)")
-            counts[i] = len(kids)
-            child_list.extend(index[kid] for kid in kids)
-        labels = None
-        if label_attr is not None:
-            label_values = []
-            for i, name in enumerate(names):
-                attrs = graph.nodes[name]
-                if label_attr not in attrs:
-                    raise ForestError(f"{_node_name(i, names)} has no {label_attr!r} attribute")
-                label_values.append(attrs[label_attr])
-            labels = label_values
-        words = None
-        if word_attr is not None:
-            words = [graph.nodes[name].get(word_attr) for name in names]
-        forest = cls.__new__(cls)
-        forest._setup(
-            _counts_to_ptr(counts),
-            np.asarray(child_list, dtype=np.int64),
-            labels,
-            words,
-            names,
-            None,
-        )
-        return forest
+        return from_networkx(graph, label_attr=label_attr, word_attr=word_attr)
 
     @classmethod
     def from_nested(cls, tree: Any) -> Forest:
@@ -401,34 +358,9 @@ class Forest:
         before parents, child 0 first), like ``from_ptb``. For several trees use
         ``Forest.concat([Forest.from_nested(t) for t in trees])``.
         """
-        parents: list[int] = []
-        words: list[Any] = []
-        finished: list[int] = []  # ids of done nodes whose parent is not done yet
-        on_path: set[int] = set()  # containers being expanded, to catch self-containment
-        # Stack entries: (item, None) to visit, (container, n_children) to finish.
-        stack: list[tuple[Any, int | None]] = [(tree, None)]
-        while stack:
-            item, num_kids = stack.pop()
-            if num_kids is None and isinstance(item, (list, tuple)) and len(item) > 0:
-                if id(item) in on_path:
-                    raise ForestError(f"nested tree contains itself (a {type(item).__name__} inside its own items)")
-                on_path.add(id(item))
-                kids = tuple(item)
-                stack.append((item, len(kids)))
-                stack.extend((kid, None) for kid in reversed(kids))
-                continue
-            node = len(parents)
-            parents.append(-1)
-            if num_kids is not None:
-                on_path.discard(id(item))
-                for kid in finished[-num_kids:]:
-                    parents[kid] = node
-                del finished[-num_kids:]
-                words.append(None)
-            else:
-                words.append(None if isinstance(item, (list, tuple)) else item)
-            finished.append(node)
-        return cls._from_parent_array(np.asarray(parents, dtype=np.int64), None, words)
+        from cortexc.runtime.forest_readers import from_nested
+
+        return from_nested(tree)
 
     @classmethod
     def concat(cls, forests: Iterable[Forest]) -> Forest:
@@ -456,18 +388,17 @@ class Forest:
             labels = np.concatenate([np.zeros(0, dtype=np.int32)] + [f.labels for f in parts])
         words = None
         if all(f.words is not None for f in parts):
-            words = [word for f in parts for word in f.words]
-        forest = cls.__new__(cls)
-        forest._setup(child_ptr, child_idx, labels, words, None, level)
-        return forest
+            words = [word for f in parts for word in f.words or ()]
+        return cls._from_csr(child_ptr, child_idx, labels, words, level=level)
 
     # --------------------------------------------------------------- PTB
 
     @classmethod
     def from_ptb_file(cls, path: str | os.PathLike[str]) -> Forest:
         """``from_ptb`` on a UTF-8 file, one bracketed tree per line."""
-        with open(path, encoding="utf-8") as handle:
-            return cls.from_ptb(handle)
+        from cortexc.runtime.ptb import read_ptb_file
+
+        return read_ptb_file(path)
 
     @classmethod
     def from_ptb(cls, lines: Iterable[str] | str | bytes) -> Forest:
@@ -482,22 +413,9 @@ class Forest:
         order, so each tree's root is its last node. Malformed input raises
         ForestError naming the (1-based) line and column.
         """
-        if isinstance(lines, bytes):
-            lines = lines.decode("utf-8")
-        if isinstance(lines, str):
-            lines = lines.split("\n")
-        rows: list[str] = []
-        for line in lines:
-            if isinstance(line, bytes):
-                line = line.decode("utf-8")
-            if not isinstance(line, str):
-                raise ForestError(f"line {len(rows) + 1}: expected a str, got {type(line).__name__}")
-            line = line.rstrip("\r\n")
-            if "\n" in line:
-                rows.extend(part.rstrip("\r") for part in line.split("\n"))
-            else:
-                rows.append(line)
-        return _parse_ptb("\n".join(rows))
+        from cortexc.runtime.ptb import read_ptb
+
+        return read_ptb(lines)
 
     # ------------------------------------------------------------- random
 
@@ -521,33 +439,18 @@ class Forest:
         SST) and at most ``max_children`` children per node. Labels are uniform
         in ``0..num_labels-1``; leaves get words ``w0``..``w{vocab_size-1}``.
         """
-        gen = np.random.default_rng(rng)
-        if num_trees < 0:
-            raise ForestError(f"num_trees must be >= 0, got {num_trees}")
-        if not 1 <= min_nodes <= max_nodes:
-            raise ForestError(f"need 1 <= min_nodes <= max_nodes, got {min_nodes}, {max_nodes}")
-        if binary:
-            low_leaves = (min_nodes + 2) // 2  # smallest L with 2L-1 >= min_nodes
-            high_leaves = (max_nodes + 1) // 2
-            if low_leaves > high_leaves:
-                raise ForestError(f"no odd node count in {min_nodes}..{max_nodes} for a full binary tree")
-        elif max_children < 1 and max_nodes > 1:
-            raise ForestError("max_children must be >= 1 for trees with more than one node")
-        pieces: list[np.ndarray] = []
-        offset = 0
-        for _ in range(num_trees):
-            if binary:
-                size = 2 * int(gen.integers(low_leaves, high_leaves + 1)) - 1
-            else:
-                size = int(gen.integers(min_nodes, max_nodes + 1))
-            tree = _random_tree_parents(size, gen, max_children, binary)
-            pieces.append(np.where(tree >= 0, tree + offset, -1))
-            offset += size
-        parents = np.concatenate([np.zeros(0, dtype=np.int64), *pieces])
-        labels = gen.integers(0, num_labels, parents.size).astype(np.int32)
-        is_leaf = np.bincount(parents[parents >= 0], minlength=parents.size) == 0
-        words = _random_words(is_leaf, gen, vocab_size)
-        return cls._from_parent_array(parents, labels, words)
+        from cortexc.runtime.forest_random import random_trees
+
+        return random_trees(
+            num_trees,
+            rng,
+            max_children=max_children,
+            min_nodes=min_nodes,
+            max_nodes=max_nodes,
+            binary=binary,
+            num_labels=num_labels,
+            vocab_size=vocab_size,
+        )
 
     @classmethod
     def random_dag(
@@ -565,28 +468,22 @@ class Forest:
         Node i reads 0..``max_children`` distinct earlier nodes in a random
         order, so nodes are numbered children-first and many are shared.
         """
-        gen = np.random.default_rng(rng)
-        if num_nodes < 0 or max_children < 0 or max_parents < 1:
-            raise ForestError("random_dag needs num_nodes >= 0, max_children >= 0, max_parents >= 1")
-        reader_count = np.zeros(num_nodes, dtype=np.int64)
-        counts = np.zeros(num_nodes, dtype=np.int64)
-        chosen: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
-        for node in range(num_nodes):
-            free = np.flatnonzero(reader_count[:node] < max_parents)
-            take = int(gen.integers(0, min(max_children, free.size) + 1))
-            kids = gen.choice(free, size=take, replace=False).astype(np.int64)
-            reader_count[kids] += 1
-            counts[node] = take
-            chosen.append(kids)
-        labels = gen.integers(0, num_labels, num_nodes).astype(np.int32)
-        words = _random_words(counts == 0, gen, vocab_size)
-        return cls(_counts_to_ptr(counts), np.concatenate(chosen), labels=labels, words=words)
+        from cortexc.runtime.forest_random import random_dag
+
+        return random_dag(
+            num_nodes,
+            rng,
+            max_children=max_children,
+            max_parents=max_parents,
+            num_labels=num_labels,
+            vocab_size=vocab_size,
+        )
 
 
 # ---------------------------------------------------------------- helpers
 
 
-def _node_name(node: int, names: Sequence[Hashable] | None) -> str:
+def node_name(node: int, names: Sequence[Hashable] | None) -> str:
     """How an error names a node: its index, plus the caller's name when it differs."""
     if names is None or names[node] == node:
         return f"node {node}"
@@ -618,7 +515,7 @@ def _cycle_message(
     shown = [str(n) if names is None else repr(names[n]) for n in cycle[:8]]
     more = " -> ..." if len(cycle) > 8 else ""
     chain = " -> ".join(shown) + more + f" -> {shown[0]}"
-    return f"cycle through {_node_name(node, names)} (each reads the next: {chain})"
+    return f"cycle through {node_name(node, names)} (each reads the next: {chain})"
 
 
 def _check_labels(labels: Any, num_nodes: int) -> np.ndarray | None:
@@ -647,224 +544,3 @@ def _check_words(words: Sequence[Any] | None, num_nodes: int) -> list[Any] | Non
     if len(result) != num_nodes:
         raise ForestError(f"words must have one entry per node ({num_nodes}), got {len(result)}")
     return result
-
-
-def _random_words(is_leaf: np.ndarray, gen: np.random.Generator, vocab_size: int) -> list[Any]:
-    """Random words ``w<k>`` on the leaves, None on internal nodes."""
-    words = np.full(is_leaf.size, None, dtype=object)
-    picks = gen.integers(0, max(vocab_size, 1), int(is_leaf.sum()))
-    words[is_leaf] = [f"w{k}" for k in picks.tolist()]
-    return words.tolist()
-
-
-def _random_tree_parents(size: int, gen: np.random.Generator, max_children: int, binary: bool) -> np.ndarray:
-    """Parent array of one random tree of ``size`` nodes, numbered in post-order.
-
-    The tree is drawn top-down in pre-order (each node splits its remaining
-    nodes among its children), then renumbered: a node's post-order index is
-    its pre-order index + subtree size - 1 - depth.
-    """
-    pre_parent = np.empty(size, dtype=np.int64)
-    subtree = np.empty(size, dtype=np.int64)
-    depth = np.empty(size, dtype=np.int64)
-    stack = [(size, -1, 0)]  # (subtree size, parent's pre-order index, depth)
-    next_pre = 0
-    while stack:
-        nodes, parent, dep = stack.pop()
-        here = next_pre
-        next_pre += 1
-        pre_parent[here], subtree[here], depth[here] = parent, nodes, dep
-        below = nodes - 1
-        if below == 0:
-            continue
-        if binary:
-            left = 2 * int(gen.integers(1, (below + 2) // 2)) - 1  # odd, leaves >= 1 on the right
-            sizes = [left, below - left]
-        else:
-            count = int(gen.integers(1, min(max_children, below) + 1))
-            cuts = np.sort(gen.choice(np.arange(1, below), size=count - 1, replace=False))
-            sizes = np.diff(np.concatenate(([0], cuts, [below]))).tolist()
-        stack.extend((int(s), here, dep + 1) for s in reversed(sizes))
-    post = np.arange(size, dtype=np.int64) + subtree - 1 - depth
-    parents = np.full(size, -1, dtype=np.int64)
-    has_parent = pre_parent >= 0
-    parents[post[has_parent]] = post[pre_parent[has_parent]]
-    return parents
-
-
-def _parse_ptb(text: str) -> Forest:
-    """Parse PTB text (lines joined by newlines) with vectorised bracket matching.
-
-    Tokens are found on the UTF-8 bytes with NumPy masks; atom strings come
-    from one regex pass over the text (the same atom definition, so the i-th
-    atom token is the i-th regex match). Depth is a cumsum of +1/-1; sorting
-    brackets by (depth, position) makes each open immediately followed by its
-    close; the post-order id of a node is the rank of its close bracket, and
-    its parent is the last open one level up before its own open.
-    """
-    data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
-    is_open = data == _OPEN_BYTE
-    is_close = data == _CLOSE_BYTE
-    is_atom_byte = ~(is_open | is_close | (data == _SPACE_BYTE) | (data == _NEWLINE_BYTE))
-    atom_start = is_atom_byte.copy()
-    atom_start[1:] &= ~is_atom_byte[:-1]
-    tok_pos = np.flatnonzero(is_open | is_close | atom_start)
-    num_tokens = tok_pos.size
-    if num_tokens == 0:
-        return Forest.from_parents(np.zeros(0, dtype=np.int64), labels=[], words=[])
-
-    tok_byte = data[tok_pos]
-    kind = np.full(num_tokens, _ATOM, dtype=np.int8)
-    kind[tok_byte == _OPEN_BYTE] = _OPEN
-    kind[tok_byte == _CLOSE_BYTE] = _CLOSE
-    newline_pos = np.flatnonzero(data == _NEWLINE_BYTE)
-    line = np.searchsorted(newline_pos, tok_pos)  # 0-based line of each token
-    atoms = _ATOM_RE.findall(text)
-    atom_objects = np.array(atoms, dtype=object)
-    is_atom = kind == _ATOM
-    atom_rank = np.cumsum(is_atom) - 1  # index into `atoms` for atom tokens
-    if len(atoms) != int(is_atom.sum()):  # cannot happen: both use the same atom definition
-        raise RuntimeError("PTB tokenizer out of step with its regex")
-
-    first = np.ones(num_tokens, dtype=bool)
-    first[1:] = line[1:] != line[:-1]
-    last = np.ones(num_tokens, dtype=bool)
-    last[:-1] = first[1:]
-    delta = (kind == _OPEN).astype(np.int64) - (kind == _CLOSE).astype(np.int64)
-    # Bracket depth counted from the start of the text. Up to the first
-    # unbalanced line every line starts at depth 0, so it is the depth within
-    # the line wherever it matters: at the first error reported, and
-    # everywhere when there is no error.
-    depth_after = np.cumsum(delta)
-    depth_before = depth_after - delta
-    prev_kind = np.empty(num_tokens, dtype=np.int8)
-    prev_kind[0] = _NONE
-    prev_kind[1:] = kind[:-1]
-    prev_kind[first] = _NONE
-    next_kind = np.empty(num_tokens, dtype=np.int8)
-    next_kind[-1] = _NONE
-    next_kind[:-1] = kind[1:]
-    next_kind[last] = _NONE
-    is_label = is_atom & (prev_kind == _OPEN)
-    after_label = np.zeros(num_tokens, dtype=bool)
-    after_label[1:] = is_label[:-1]
-    is_word = is_atom & after_label & ~first
-
-    def token_text(t: int) -> str:
-        if kind[t] == _ATOM:
-            return repr(atoms[int(atom_rank[t])])
-        return "'('" if kind[t] == _OPEN else "')'"
-
-    # (mask, message) pairs in priority order; the earliest flagged token wins.
-    checks: list[tuple[np.ndarray, Any]] = [
-        (
-            first & (kind == _ATOM),
-            lambda t: f"text outside brackets: {token_text(t)}",
-        ),
-        (
-            (kind == _CLOSE) & (depth_after < 0),
-            lambda t: "unbalanced brackets: ')' closes nothing",
-        ),
-        (
-            ~first & (depth_before == 0) & (kind == _OPEN),
-            lambda t: "a second tree starts on the line (one tree per line)",
-        ),
-        (
-            ~first & (depth_before == 0) & (kind == _ATOM),
-            lambda t: f"text outside brackets after the tree: {token_text(t)}",
-        ),
-        (
-            (kind == _OPEN) & (next_kind == _OPEN),
-            lambda t: "node has no label ('(' followed by '(')",
-        ),
-        (
-            (kind == _OPEN) & (next_kind == _CLOSE),
-            lambda t: "empty node '()'",
-        ),
-        (
-            is_label & (next_kind == _CLOSE),
-            lambda t: f"node ({atoms[int(atom_rank[t])]}) has neither a word nor children",
-        ),
-        (
-            is_atom & ~is_label & ~is_word & (prev_kind == _ATOM),
-            lambda t: f"leaf has more than one word: {token_text(t - 1)} then {token_text(t)}",
-        ),
-        (
-            is_atom & ~is_label & ~is_word & (prev_kind == _CLOSE) & (depth_before > 0),
-            lambda t: f"word {token_text(t)} after a child node (a node has a word or children)",
-        ),
-        (
-            is_word & (next_kind == _OPEN),
-            lambda t: f"word {token_text(t)} followed by a child node (a node has a word or children)",
-        ),
-        (
-            last & (depth_after > 0),
-            lambda t: f"unbalanced brackets: {int(depth_after[t])} '(' not closed by the end of the line",
-        ),
-    ]
-    worst: tuple[int, int] | None = None
-    for priority, (mask, _) in enumerate(checks):
-        if mask.any():
-            candidate = (int(np.argmax(mask)), priority)
-            if worst is None or candidate < worst:
-                worst = candidate
-    if worst is not None:
-        token, priority = worst
-        where = _ptb_where(text, newline_pos, tok_pos, line, token)
-        raise ForestError(where + checks[priority][1](token))
-
-    label_tok = np.flatnonzero(is_label)
-    label_text = atom_objects[atom_rank[label_tok]]
-    try:
-        label_values = label_text.astype(np.int64)  # int() on each label, in C
-        labels_ok = not np.any((label_values < _INT32_MIN) | (label_values > _INT32_MAX))
-    except (ValueError, OverflowError):
-        labels_ok = False
-    if not labels_ok:  # find the first bad label to report it
-        for k, value in enumerate(label_text.tolist()):
-            try:
-                number = int(value)
-            except ValueError:
-                problem = "is not an integer"
-            else:
-                if _INT32_MIN <= number <= _INT32_MAX:
-                    continue
-                problem = "does not fit in int32"
-            where = _ptb_where(text, newline_pos, tok_pos, line, int(label_tok[k]))
-            raise ForestError(where + f"label {value!r} {problem}")
-
-    # Pair brackets: within one depth, opens and closes alternate in position order.
-    bracket_tok = np.flatnonzero(~is_atom)
-    bracket_depth = np.where(kind[bracket_tok] == _OPEN, depth_after[bracket_tok], depth_before[bracket_tok])
-    pairs = bracket_tok[np.lexsort((bracket_tok, bracket_depth))].reshape(-1, 2)
-    close_rank = np.cumsum(kind == _CLOSE) - 1
-    node_of_token = np.full(num_tokens, -1, dtype=np.int64)
-    node_of_token[pairs[:, 0]] = close_rank[pairs[:, 1]]
-
-    open_tok = np.flatnonzero(kind == _OPEN)  # label_tok == open_tok + 1, same order
-    open_depth = depth_after[open_tok]
-    stride = num_tokens + 1
-    keys = open_depth * stride + open_tok
-    key_order = np.argsort(keys)
-    sorted_keys = keys[key_order]
-    before = np.searchsorted(sorted_keys, (open_depth - 1) * stride + open_tok) - 1
-    parent_open = open_tok[key_order[np.maximum(before, 0)]]
-    num_nodes = open_tok.size
-    open_node = node_of_token[open_tok]
-    parents = np.empty(num_nodes, dtype=np.int64)
-    parents[open_node] = np.where(open_depth > 1, node_of_token[parent_open], -1)
-    labels = np.empty(num_nodes, dtype=np.int32)
-    labels[open_node] = label_values
-
-    leaf_open = open_tok[kind[open_tok + 2] == _ATOM]
-    words = np.full(num_nodes, None, dtype=object)
-    words[node_of_token[leaf_open]] = atom_objects[atom_rank[leaf_open + 2]]
-    return Forest._from_parent_array(parents, labels, words.tolist())
-
-
-def _ptb_where(text: str, newline_pos: np.ndarray, tok_pos: np.ndarray, line: np.ndarray, token: int) -> str:
-    """``line L, column C: `` for an error at a token (1-based, columns in characters)."""
-    line_no = int(line[token])
-    start = 0 if line_no == 0 else int(newline_pos[line_no - 1]) + 1
-    prefix = text.encode("utf-8")[start : int(tok_pos[token])]
-    return f"line {line_no + 1}, column {len(prefix.decode('utf-8')) + 1}: "

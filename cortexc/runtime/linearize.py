@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cortexc.runtime.forest import Forest, _counts_to_ptr, _gather_segments
+from cortexc.runtime.csr import counts_to_ptr, gather_segments
+from cortexc.runtime.forest import Forest
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,8 @@ class Linearized:
 
 def linearize(forest: Forest) -> Linearized:
     order = np.ascontiguousarray(forest.level_order, dtype=np.int64)
-    edge_ptr = _counts_to_ptr(np.asarray(forest.num_children, dtype=np.int64)[order])
-    edge_child = np.ascontiguousarray(_gather_segments(forest.child_ptr, forest.child_idx, order), dtype=np.int64)
+    edge_ptr = counts_to_ptr(np.asarray(forest.num_children, dtype=np.int64)[order])
+    edge_child = np.ascontiguousarray(gather_segments(forest.child_ptr, forest.child_idx, order), dtype=np.int64)
     level_ptr = np.ascontiguousarray(forest.level_ptr, dtype=np.int64)
     if forest.num_nodes == 0:
         level_ptr = np.zeros(2, dtype=np.int64)

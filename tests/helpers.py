@@ -1,0 +1,111 @@
+"""Plain helpers shared by the test modules (fixtures and collection hooks stay in conftest.py).
+
+Import them as ``from tests.helpers import ...``; ``tests.conftest`` re-exports
+the older names so modules written against it keep working.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+SST_DIR = Path(os.environ.get("CORTEXC_SST_DIR", REPO.parent / "shared" / "data" / "sst"))
+
+
+def sst_path(split: str) -> Path:
+    """Path of an SST split; skips the test (with the reason) when the data is absent."""
+    path = SST_DIR / f"{split}.txt"
+    if not path.exists():
+        pytest.skip(f"SST data not found at {path} (set CORTEXC_SST_DIR)")
+    return path
+
+
+def random_inputs(cell, forest, rng: np.random.Generator, scale: float = 1.0) -> dict[str, np.ndarray]:
+    """One random row per node for every input of the cell (indices in range)."""
+    inputs = {}
+    for decl in cell.inputs:
+        if decl.is_index:
+            inputs[decl.name] = rng.integers(0, decl.index_range, forest.num_nodes).astype(np.int32)
+        else:
+            inputs[decl.name] = (scale * rng.standard_normal((forest.num_nodes, *decl.shape))).astype(np.float32)
+    return inputs
+
+
+def relative_error(actual, expected) -> float:
+    """Normwise, in float64: max |actual - expected| / max |expected| (0 for empty arrays)."""
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    if expected.size == 0:
+        return 0.0
+    return float(np.abs(actual - expected).max() / max(np.abs(expected).max(), 1e-30))
+
+
+def children_of(parents) -> list[list[int]]:
+    """Children in increasing index order (the documented `from_parents` order), from our own array."""
+    kids: list[list[int]] = [[] for _ in parents]
+    for i, p in enumerate(parents):
+        if p >= 0:
+            kids[p].append(i)
+    return kids
+
+
+def small_forest(cell, rng: np.random.Generator, trees: int, max_nodes: int, chains=(7, 2, 1), dag_nodes: int = 30):
+    """A forest the cell accepts: a random DAG for DAG cells, chains of the given lengths for chain
+    cells, else random trees (binary for arity 2, nodes missing children for other arities)."""
+    from cortexc import Forest
+
+    if cell.structure.shares_children:
+        return Forest.random_dag(dag_nodes, rng=rng)
+    if cell.arity == 1:
+        return Forest.concat([Forest.from_parents([i + 1 if i < n - 1 else -1 for i in range(n)]) for n in chains])
+    return Forest.random(trees, rng=rng, binary=cell.arity == 2, max_children=cell.arity or 5, max_nodes=max_nodes)
+
+
+def twin_models(module, device: str, seed: int, rng: np.random.Generator, jitter: float = 0.1):
+    """The package's first cell on `device` and in the interpreter, with the same params: the seeded
+    init plus noise (so that no gradient is trivially zero)."""
+    cls = getattr(module, module.__all__[0])
+    model, reference = cls(device=device, seed=seed), cls(device="interp", seed=seed)
+    params = {k: v + jitter * rng.standard_normal(v.shape).astype(np.float32) for k, v in reference.params.items()}
+    model.load_params(params)
+    reference.load_params(params)
+    return model, reference
+
+
+def compare_backward(model, reference, out, expected, rng: np.random.Generator, rtol: float = 1e-5) -> None:
+    """Random upstream gradients of every result; the two backwards must agree within `rtol`."""
+    upstream = {key: rng.standard_normal(value.shape).astype(np.float32) for key, value in expected.items()}
+    grads, expected_grads = model.backward(out, upstream), reference.backward(expected, upstream)
+    assert set(grads) == set(expected_grads)
+    for key, value in expected_grads.items():
+        assert relative_error(grads[key], value) < rtol, f"d{key}"
+
+
+def nvcc_compile(path: Path) -> subprocess.CompletedProcess:
+    """Compile one `.cu` to an object for sm_80 and sm_90, every warning an error, with ptxas's
+    register and spill report in stderr."""
+    from cortexc.runtime.device import cuda_include_flags
+
+    command = [
+        "nvcc",
+        "-gencode",
+        "arch=compute_80,code=sm_80",
+        "-gencode",
+        "arch=compute_90,code=sm_90",
+        "-c",
+        "-O3",
+        "-Werror",
+        "all-warnings",
+        "-Xptxas",
+        "-v",
+        *cuda_include_flags(),
+        "-o",
+        str(path.with_suffix(".o")),
+        str(path),
+    ]
+    return subprocess.run(command, capture_output=True, text=True)
