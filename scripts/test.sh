@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Set up a virtual environment with the test extras and run lint + the test suite.
+# Set up a virtual environment with the test extras and run lint (ruff check, ruff format, mypy) + the test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q -e '.[test]'
-ruff check cortexc tests grammars
+ruff check cortexc tests grammars benchmarks examples
+ruff format --check cortexc tests grammars benchmarks examples
+mypy
 python -m pytest -q "$@"
