@@ -15,6 +15,7 @@ from typing import Any
 
 from cortexc.errors import SourceLoc
 from cortexc.ir.ops import CHILD_READ_OPS, Domain, Op, Shape
+from cortexc.runtime.signature import InputSig, StateSig
 
 
 class DType(enum.Enum):
@@ -170,23 +171,9 @@ class ParamDecl:
     init: Init
 
 
-@dataclass(frozen=True)
-class InputDecl:
-    """A per-node input: a float32 vector, or (``index_range`` set) an int32 in [0, range)."""
-
-    name: str
-    shape: Shape
-    index_range: int | None = None
-
-    @property
-    def is_index(self) -> bool:
-        return self.index_range is not None
-
-
-@dataclass(frozen=True)
-class StateDecl:
-    name: str
-    shape: Shape
+#: inputs and states are declared exactly as the runtime's signature describes them (one definition)
+InputDecl = InputSig
+StateDecl = StateSig
 
 
 @dataclass(frozen=True)

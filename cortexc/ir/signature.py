@@ -6,10 +6,8 @@ from cortexc.ir.cell import Cell
 from cortexc.runtime.signature import (
     CellSignature,
     InitSig,
-    InputSig,
     OutputSig,
     ParamSig,
-    StateSig,
     StructureSig,
 )
 
@@ -21,7 +19,7 @@ def cell_signature(cell: Cell) -> CellSignature:
         structure=StructureSig(cell.structure.value, cell.structure.shares_children, cell.arity),
         dims=cell.dims,
         params=tuple(ParamSig(p.name, p.shape, InitSig(p.init.kind.value, tuple(p.init.args))) for p in cell.params),
-        inputs=tuple(InputSig(i.name, i.shape, i.index_range) for i in cell.inputs),
-        states=tuple(StateSig(s.name, s.shape) for s in cell.states),
+        inputs=cell.inputs,
+        states=cell.states,
         outputs=tuple(OutputSig(o.name, o.shape, o.at_root) for o in cell.outputs),
     )
