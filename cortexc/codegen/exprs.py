@@ -14,8 +14,7 @@ import math
 
 from cortexc.ir.cell import Cell, Value
 from cortexc.ir.ops import OPS, Op
-from cortexc.ir.program import Adjoints, Kernel, PlaceKind, RowKind
-from cortexc.passes.schedule import row_kind, width
+from cortexc.ir.program import Adjoints, Kernel, PlaceKind, RowKind, row_kind, slice_offset, width
 
 
 def c_helpers(used: set[Op]) -> list[str]:
@@ -116,8 +115,7 @@ class KernelExprs:
             return f"({self.ref(a, rows, row, f'({col}) / {k}')} * {self.ref(b, rows, row, f'({col}) % {k}')})"
         if op == Op.PAD:
             arg = self.values[value.args[0]]
-            row_width = width(arg) // arg.shape[0]
-            lo, size = value.attr("lo") * row_width, width(arg)
+            lo, size = slice_offset(arg, value.attr("lo")), width(arg)
             inner = self.ref(value.args[0], rows, row, f"({col}) - {lo}")
             return f"(({col}) >= {lo} && ({col}) < {lo + size} ? {inner} : 0.0f)"
         operands = [self.ref(arg, rows, row, col) for arg in value.args]
@@ -125,8 +123,7 @@ class KernelExprs:
 
     def _slice_offset(self, value: Value) -> int:
         """Where a slice starts in its base's flattened row (rows of a matrix count whole rows)."""
-        base = self.values[value.args[0]]
-        return value.attr("lo") * (width(base) // base.shape[0])
+        return slice_offset(self.values[value.args[0]], value.attr("lo"))
 
     def _source(self, value: Value, rows: RowKind, row: str, col: str) -> str:
         op = value.op

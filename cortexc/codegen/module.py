@@ -28,10 +28,9 @@ from cortexc import __version__
 from cortexc.codegen.render import abi, environment
 from cortexc.codegen.target import TARGETS
 from cortexc.ir.cell import Cell
-from cortexc.ir.program import Program
+from cortexc.ir.program import Program, width
 from cortexc.ir.signature import cell_signature
 from cortexc.options import CompileOptions
-from cortexc.passes.schedule import width
 
 if TYPE_CHECKING:
     from cortexc.pipeline import Rendered

@@ -49,8 +49,8 @@ from cortexc.ir.program import (
     StoreMode,
     StoreTarget,
     Sweep,
+    width,
 )
-from cortexc.passes.schedule import width
 from cortexc.runtime.abi import LAUNCH_MODES, STRUCTS, c_typedef
 
 

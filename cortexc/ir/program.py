@@ -14,9 +14,11 @@ data too: the program's `forward` and `backward` phases, which every driver rend
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
-from cortexc.ir.cell import Body, Cell
+from cortexc.ir.cell import Body, Cell, Value
+from cortexc.ir.ops import Domain
 
 
 class Rows(enum.Enum):
@@ -33,6 +35,22 @@ class RowKind(enum.Enum):
 
     NODE = "node"
     CHILD = "child"
+
+
+def width(value: Value) -> int:
+    """Floats in one row of a value (its elements flattened; 1 for a scalar)."""
+    return math.prod(value.shape) if value.shape else 1
+
+
+def row_kind(value: Value) -> RowKind:
+    """A per-child value has a row per child edge of the tile; anything else a row per node."""
+    return RowKind.CHILD if value.domain == Domain.CHILD else RowKind.NODE
+
+
+def slice_offset(base: Value, lo: int) -> int:
+    """Where part ``lo`` of `base` starts in its flattened row: element ``lo`` of a vector, row ``lo`` of a
+    matrix (slices of matrices are made by autodiff for concatenations)."""
+    return lo * (width(base) // base.shape[0])
 
 
 class PlaceKind(enum.Enum):

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from cortexc.frontend.lower import BodyBuilder
+from cortexc.ir.builder import BodyBuilder
 from cortexc.ir.cell import Body, BodyKind, Cell, DType, Gradients, GradKind, GradTarget, ResultKey, Value
 from cortexc.ir.ops import (
     OPS,

@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from cortexc.ir.cell import Value
 from cortexc.ir.ops import BINARY_OPS, REDUCE_OPS, UNARY_OPS, Op
 from cortexc.ir.program import (
     AccumOuter,
@@ -41,14 +40,12 @@ from cortexc.ir.program import (
     Reduce,
     Store,
     StoreMode,
+    slice_offset,
+    width,
 )
 
 #: ops whose column j reads column j of their operands (scalars broadcast)
 _COLUMNWISE = BINARY_OPS | UNARY_OPS | REDUCE_OPS | {Op.EXPAND}
-
-
-def width(value: Value) -> int:
-    return math.prod(value.shape) if value.shape else 1
 
 
 def split_columns(program: Program) -> Program:
@@ -115,7 +112,7 @@ def _analyse(kernel: Kernel) -> tuple[ColumnSplit | None, str]:
         distances.append(width(value))
         if value.op == Op.SLICE and value.args[0] in split:
             base = values[value.args[0]]
-            distances.append(value.attr("lo") * (width(base) // base.shape[0]))
+            distances.append(slice_offset(base, value.attr("lo")))
         elif value.op == Op.CONCAT:
             distances += [width(values[a]) for a in value.args]
         elif index in members:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from cortexc.frontend.lower import BodyBuilder
+from cortexc.ir.builder import BodyBuilder
 from cortexc.ir.cell import Body, BodyKind, Cell
 from cortexc.ir.ops import CHILD_READ_OPS, Domain, Op
 

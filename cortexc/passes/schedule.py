@@ -33,7 +33,7 @@ from collections import defaultdict
 from dataclasses import replace
 
 from cortexc.ir.cell import Body, Cell, GradKind, GradTarget, Value
-from cortexc.ir.ops import BINARY_OPS, LEAF_OPS, REDUCE_OPS, UNARY_OPS, VECTOR_OPS, Domain, Op
+from cortexc.ir.ops import BINARY_OPS, LEAF_OPS, REDUCE_OPS, UNARY_OPS, VECTOR_OPS, Op
 from cortexc.ir.program import (
     AccumOuter,
     AccumSum,
@@ -58,17 +58,12 @@ from cortexc.ir.program import (
     StoreMode,
     StoreTarget,
     Sweep,
+    row_kind,
+    slice_offset,
+    width,
 )
 
 ELEMENTWISE = BINARY_OPS | UNARY_OPS
-
-
-def width(value: Value) -> int:
-    return math.prod(value.shape) if value.shape else 1
-
-
-def row_kind(value: Value) -> RowKind:
-    return RowKind.CHILD if value.domain == Domain.CHILD else RowKind.NODE
 
 
 def schedule(cell: Cell) -> Program:
@@ -259,8 +254,7 @@ def _kernel(role: KernelRole, rows: Rows, body: Body, cell: Cell, packed: dict, 
             places.append(Place(PlaceKind.SOURCE))
         elif op == Op.SLICE:
             base = places[value.args[0]]
-            row_width = width(values[value.args[0]]) // values[value.args[0]].shape[0]
-            column = base.column + value.attr("lo") * row_width
+            column = base.column + slice_offset(values[value.args[0]], value.attr("lo"))
             places.append(Place(base.kind, base.buffer, column if base.kind == PlaceKind.BUFFER else 0))
         elif op in (Op.EXPAND, Op.TRANSPOSE, Op.OUTER):
             places.append(Place(PlaceKind.INLINE))
