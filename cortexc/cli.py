@@ -18,6 +18,7 @@ from cortexc.errors import CortexcError, DimError
 from cortexc.ir.cell import Cell
 from cortexc.ir.ops import fmt_shape
 from cortexc.options import KNOWN_TARGETS, CompileOptions
+from cortexc.runtime.abi import LaunchMode, LaunchOptions
 from cortexc.runtime.backends import BACKENDS, targets_of
 from cortexc.runtime.signature import CellSignature
 
@@ -81,7 +82,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from cortexc.pipeline import write_package
 
     source = Path(args.file).read_text(encoding="utf-8")
-    options = CompileOptions.make(parse_defines(args.define), TARGET_CHOICES[args.target], args.dump_ir)
+    launch = LaunchOptions(LaunchMode(args.cuda_mode), args.cuda_blocks, args.cuda_weights == "global")
+    options = CompileOptions.make(parse_defines(args.define), TARGET_CHOICES[args.target], args.dump_ir, launch)
     package = write_package(source, args.file, args.out, options)
     files = ", ".join(sorted(p.name for p in package.iterdir()))
     print(f"wrote {package}/ ({files})")
@@ -160,6 +162,12 @@ def _pick_cell(cells: list[CellSignature], name: str | None) -> CellSignature:
     raise CortexcError(f"no cell named {name!r} (the file has {', '.join(c.name for c in cells)})")
 
 
+def _blocks(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a number of blocks (0: no cap), got {text!r}")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cortexc", description="Compiler for recursive neural networks.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -190,6 +198,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="which kernels to generate: those a device runs, or every target's (default)",
     )
     comp.add_argument("--dump-ir", metavar="DIR", help="write the IR of every stage to DIR")
+    comp.add_argument(
+        "--cuda-mode",
+        choices=[m.value for m in LaunchMode],
+        default=LaunchMode.SPLIT.value,
+        help="the package's default CUDA launch (CORTEXC_CUDA_MODE overrides it at run time)",
+    )
+    comp.add_argument(
+        "--cuda-blocks", type=_blocks, default=0, metavar="N", help="cap the CUDA grid at N blocks (default: no cap)"
+    )
+    comp.add_argument(
+        "--cuda-weights",
+        choices=["shared", "global"],
+        default="shared",
+        help="where split mode keeps its weight slices (default: shared memory when they fit)",
+    )
     comp.set_defaults(func=cmd_compile)
 
     run = sub.add_parser("run", help="run a cell compiled and eager over PTB trees (or a built-in forest)")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cortexc.errors import CortexcError
+from cortexc.runtime.abi import LaunchOptions
 
 #: the kernel targets the code generators know (the backends that run them are in `cortexc.runtime.backends`)
 KNOWN_TARGETS = ("c", "cuda")
@@ -28,12 +29,17 @@ class CompileOptions:
 
     ``defines`` override dims (``-D H=256``) in every cell that declares them;
     ``targets`` are the kernel sources to generate (``"c"``, ``"cuda"``);
-    ``dump_dir``, when set, receives the text form of every stage (it does
-    not change any output, so it is not part of the key).
+    ``launch`` is the CUDA launch the package asks for by default (written into
+    `cell.json`; the environment's ``CORTEXC_CUDA_*`` and an executor's own
+    options still override it, since the generated code takes it as an
+    argument, not as a constant); ``dump_dir``, when set, receives the text
+    form of every stage (it does not change any output, so it is not part of
+    the key).
     """
 
     defines: tuple[tuple[str, int], ...] = ()
     targets: tuple[str, ...] = ("c",)
+    launch: LaunchOptions = LaunchOptions()
     dump_dir: Path | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -49,11 +55,13 @@ class CompileOptions:
         defines: Mapping[str, int] | None = None,
         targets: Iterable[str] = ("c",),
         dump_dir: str | os.PathLike[str] | None = None,
+        launch: LaunchOptions | None = None,
     ) -> CompileOptions:
         """Options from loose values (a dict of defines, any iterable of targets, a path or None)."""
         return cls(
             defines=tuple(sorted((defines or {}).items())),
             targets=tuple(dict.fromkeys(targets)),
+            launch=launch or LaunchOptions(),
             dump_dir=Path(dump_dir) if dump_dir is not None else None,
         )
 
@@ -71,6 +79,7 @@ class CompileOptions:
             "file": str(source_file),
             "defines": list(self.defines),
             "targets": list(self.targets),
+            "launch": self.launch.to_json(),
             "cortexc": __version__,
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()

@@ -12,12 +12,13 @@ import pytest
 
 from cortexc.codegen.render import render
 from cortexc.codegen.target import CUDA
+from cortexc.errors import CortexcError
 from cortexc.passes.columns import split_columns
 from cortexc.passes.deferred import defer_outer_products
 from cortexc.passes.schedule import schedule
 from cortexc.pipeline import compile_file
 from cortexc.runtime import abi
-from cortexc.runtime.device import LaunchMode, LaunchOptions
+from cortexc.runtime.abi import LaunchMode, LaunchOptions
 from tests.helpers import EXAMPLES
 
 STRUCTS = {"cx_call": abi.CxCall, "cx_grad": abi.CxGrad, "cx_launch": abi.CxLaunch}
@@ -97,3 +98,61 @@ def test_explicit_launch_options_win_over_the_environment(rng, tmp_path, monkeyp
         assert relative_error(got["h"], expected["h"]) < 1e-5
         count = executor.lib.cx_last_launch_count()
         assert count == 1 if launches == 1 else count >= launches
+
+
+def test_the_environment_changes_only_what_it_sets_of_a_default():
+    default = LaunchOptions(LaunchMode.LEVELS, 5, True)
+    assert LaunchOptions.from_environment({}, default) == default
+    assert LaunchOptions.from_environment({"CORTEXC_CUDA_MODE": "split"}, default) == LaunchOptions(
+        LaunchMode.SPLIT, 5, True
+    )
+    assert LaunchOptions.from_environment({"CORTEXC_CUDA_WEIGHTS": ""}, default).weights_global is False
+    assert LaunchOptions.from_json(default.to_json()) == default
+    with pytest.raises(CortexcError, match="malformed launch options"):
+        LaunchOptions.from_json({"mode": "sideways", "max_blocks": 0, "weights_global": False})
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found (the emulated CUDA build)")
+def test_a_package_compiled_with_launch_options_launches_by_them(rng, tmp_path, monkeypatch):
+    """`CompileOptions.launch` is the package's default (in cell.json, part of the cache key); the
+    environment still overrides it at run time."""
+    from cortexc import Forest
+    from cortexc.options import KNOWN_TARGETS, CompileOptions
+    from cortexc.pipeline import write_package
+    from cortexc.runtime.loader import import_package
+    from tests.helpers import random_inputs, relative_error
+
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("CORTEXC_CUDA_MODE", raising=False)
+    path = EXAMPLES / "treernn.cell"
+    options = CompileOptions.make({"X": 4, "H": 6}, KNOWN_TARGETS, launch=LaunchOptions(LaunchMode.LEVELS))
+    assert options.key(path.read_text(), str(path)) != CompileOptions.make({"X": 4, "H": 6}, KNOWN_TARGETS).key(
+        path.read_text(), str(path)
+    )
+    module = import_package(write_package(path.read_text(), str(path), tmp_path / "pkg", options))
+    cls = getattr(module, module.__all__[0])
+    assert cls._spec["launch"]["mode"] == "levels"
+    forest = Forest.random(3, rng=rng, binary=True, min_nodes=5, max_nodes=9)  # 3 levels at least
+    reference = cls(device="interp", seed=1)
+    inputs = random_inputs(cls.signature, forest, rng)
+    expected = reference(forest, **inputs)
+    model = cls(device="cuda-emu", seed=1)
+    for environment, launches in ((None, forest.num_levels), ("persistent", 1)):
+        if environment is not None:
+            monkeypatch.setenv("CORTEXC_CUDA_MODE", environment)
+        got = model(forest, **inputs)
+        assert relative_error(got["h"], expected["h"]) < 1e-5
+        count = model._executor.lib.cx_last_launch_count()
+        assert count == 1 if launches == 1 else count >= launches
+
+
+def test_cortexc_compile_writes_the_launch_options_it_is_given(tmp_path):
+    import json
+
+    from cortexc.cli import main
+
+    out = tmp_path / "out"
+    argv = ["compile", str(EXAMPLES / "treernn.cell"), "-o", str(out), "--cuda-mode", "persistent"]
+    assert main([*argv, "--cuda-blocks", "8", "--cuda-weights", "global"]) == 0
+    spec = json.loads((out / "treernn" / "cell.json").read_text())["cells"][0]
+    assert spec["launch"] == {"mode": "persistent", "max_blocks": 8, "weights_global": True}

@@ -119,6 +119,7 @@ def package_files(source: str, source_file: str, options: CompileOptions, render
         program = item.programs[-1].program
         spec = cell_spec(item.cell, program, kernel_files)
         spec["kernel_sha256"] = hashes
+        spec["launch"] = options.launch.to_json()
         specs.append(spec)
     description = {
         "format": FORMAT_VERSION,

@@ -9,11 +9,15 @@ Also here: the one host routine that packs the GEMM weights (`packed_weights`), 
 from __future__ import annotations
 
 import ctypes
+import enum
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from cortexc.errors import CortexcError
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,7 @@ GRAD_FIELDS: tuple[Field, ...] = (
     Field("deferred", "float *const *", "CUDA: per deferred weight gradient, its factors' rows (see driver)"),
 )
 
-#: `cx_launch`: how the CUDA driver launches (see `cortexc.runtime.device.LaunchOptions`)
+#: `cx_launch`: how the CUDA driver launches (see `LaunchOptions` below)
 LAUNCH_FIELDS: tuple[Field, ...] = (
     Field("mode", "int64_t", "LAUNCH_MODES: 0 split (the default), 1 persistent by rows, 2 one grid per level"),
     Field("max_blocks", "int64_t", "caps the grid of a persistent or column launch (0: no cap)"),
@@ -116,3 +120,64 @@ def packed_weights(lib: ctypes.CDLL, spec: Mapping[str, Any], params: Mapping[st
         lib.cx_pack_weight(stacked.ctypes.data, weight["m"], weight["k"], packed.ctypes.data)
         packed_all.append(packed)
     return packed_all
+
+
+class LaunchMode(enum.Enum):
+    """How the CUDA driver launches the phases of a forward or backward (`driver_cuda.j2`)."""
+
+    SPLIT = "split"  # persistent, small levels shared by columns where the cell splits (the default)
+    PERSISTENT = "persistent"  # one cooperative launch, by row tiles only
+    LEVELS = "levels"  # one grid per kernel and level (small levels still split by columns)
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """Launch options of the CUDA target, passed to the generated entry points as a `cx_launch`.
+
+    `max_blocks` caps the grid (0: as many as fit); `weights_global` keeps the split mode's weight slices
+    in global memory. `from_environment` reads `CORTEXC_CUDA_MODE`, `CORTEXC_CUDA_BLOCKS` and
+    `CORTEXC_CUDA_WEIGHTS=global`; an executor given no options reads them once per call.
+    """
+
+    mode: LaunchMode = LaunchMode.SPLIT
+    max_blocks: int = 0
+    weights_global: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_blocks < 0:
+            raise CortexcError(f"LaunchOptions.max_blocks must be 0 (no cap) or positive, not {self.max_blocks}")
+
+    @classmethod
+    def from_environment(
+        cls, environ: Mapping[str, str] | None = None, default: LaunchOptions | None = None
+    ) -> LaunchOptions:
+        """`default` (the package's, from its compile options) with what the environment sets instead."""
+        environ = os.environ if environ is None else environ
+        default = default or cls()
+        mode = environ.get("CORTEXC_CUDA_MODE") or default.mode.value
+        if mode not in LAUNCH_MODES:
+            raise CortexcError(f"CORTEXC_CUDA_MODE={mode!r} is not a launch mode (one of {', '.join(LAUNCH_MODES)})")
+        blocks = environ.get("CORTEXC_CUDA_BLOCKS") or str(default.max_blocks)
+        try:
+            max_blocks = int(blocks)
+        except ValueError:
+            raise CortexcError(f"CORTEXC_CUDA_BLOCKS={blocks!r} is not a number of blocks") from None
+        weights = environ.get("CORTEXC_CUDA_WEIGHTS")
+        weights_global = default.weights_global if weights is None else weights == "global"
+        return cls(LaunchMode(mode), max(max_blocks, 0), weights_global)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mode": self.mode.value, "max_blocks": self.max_blocks, "weights_global": self.weights_global}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> LaunchOptions:
+        try:
+            return cls(LaunchMode(data["mode"]), int(data["max_blocks"]), bool(data["weights_global"]))
+        except (KeyError, TypeError, ValueError) as err:
+            raise CortexcError(f"malformed launch options {dict(data)!r} ({err})") from None
+
+    def struct(self) -> ctypes.Structure:
+        """The `cx_launch` the entry points take."""
+        return CxLaunch(
+            mode=LAUNCH_MODES[self.mode.value], max_blocks=self.max_blocks, weights_global=int(self.weights_global)
+        )

@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 
 from cortexc.errors import CortexcError
+from cortexc.runtime.abi import LaunchOptions
 from cortexc.runtime.build import build_shared
-from cortexc.runtime.device import DeviceExecutor, LaunchOptions, cuda_include_flags
+from cortexc.runtime.device import DeviceExecutor, cuda_include_flags
 
 INSTALL_HINT = "install cortexc[cuda] on a machine with an NVIDIA driver"
 

@@ -14,8 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from cortexc.runtime.abi import LaunchOptions
 from cortexc.runtime.build import build_shared
-from cortexc.runtime.device import DeviceExecutor, LaunchOptions, cuda_include_flags
+from cortexc.runtime.device import DeviceExecutor, cuda_include_flags
 
 EMU_FLAGS = ("-std=c++17", "-O1", "-fPIC", "-shared", "-Wall", "-Wno-unused-function", "-x", "c++")
 

@@ -19,12 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import enum
 import hashlib
-import os
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -32,58 +29,12 @@ from typing import Any
 import numpy as np
 
 from cortexc.errors import CortexcError
-from cortexc.runtime.abi import LAUNCH_MODES, CxCall, CxGrad, CxLaunch, packed_weights
+from cortexc.runtime.abi import CxCall, CxGrad, CxLaunch, LaunchOptions, packed_weights
 from cortexc.runtime.build import load_library
 from cortexc.runtime.linearize import Linearized
 
 ALIGN = 256  # bytes: every array of an arena starts on a boundary this wide
 MIN_BLOCK = 1 << 20  # the smallest block the pool allocates, so small forests share one
-
-
-class LaunchMode(enum.Enum):
-    """How the CUDA driver launches the phases of a forward or backward (`driver_cuda.j2`)."""
-
-    SPLIT = "split"  # persistent, small levels shared by columns where the cell splits (the default)
-    PERSISTENT = "persistent"  # one cooperative launch, by row tiles only
-    LEVELS = "levels"  # one grid per kernel and level (small levels still split by columns)
-
-
-@dataclass(frozen=True)
-class LaunchOptions:
-    """Launch options of the CUDA target, passed to the generated entry points as a `cx_launch`.
-
-    `max_blocks` caps the grid (0: as many as fit); `weights_global` keeps the split mode's weight slices
-    in global memory. `from_environment` reads `CORTEXC_CUDA_MODE`, `CORTEXC_CUDA_BLOCKS` and
-    `CORTEXC_CUDA_WEIGHTS=global`; an executor given no options reads them once per call.
-    """
-
-    mode: LaunchMode = LaunchMode.SPLIT
-    max_blocks: int = 0
-    weights_global: bool = False
-
-    def __post_init__(self) -> None:
-        if self.max_blocks < 0:
-            raise CortexcError(f"LaunchOptions.max_blocks must be 0 (no cap) or positive, not {self.max_blocks}")
-
-    @classmethod
-    def from_environment(cls, environ: Mapping[str, str] | None = None) -> LaunchOptions:
-        environ = os.environ if environ is None else environ
-        mode = environ.get("CORTEXC_CUDA_MODE") or LaunchMode.SPLIT.value
-        if mode not in LAUNCH_MODES:
-            raise CortexcError(f"CORTEXC_CUDA_MODE={mode!r} is not a launch mode (one of {', '.join(LAUNCH_MODES)})")
-        blocks = environ.get("CORTEXC_CUDA_BLOCKS") or "0"
-        try:
-            max_blocks = int(blocks)
-        except ValueError:
-            raise CortexcError(f"CORTEXC_CUDA_BLOCKS={blocks!r} is not a number of blocks") from None
-        weights = environ.get("CORTEXC_CUDA_WEIGHTS", "")
-        return cls(LaunchMode(mode), max(max_blocks, 0), weights == "global")
-
-    def struct(self) -> ctypes.Structure:
-        """The `cx_launch` the entry points take."""
-        return CxLaunch(
-            mode=LAUNCH_MODES[self.mode.value], max_blocks=self.max_blocks, weights_global=int(self.weights_global)
-        )
 
 
 def cuda_include_flags() -> tuple[str, ...]:
@@ -284,7 +235,11 @@ class DeviceExecutor:
         weakref.finalize(self, ArenaPool.close, self.pool)
 
     def _launch_struct(self) -> ctypes.Structure:
-        return (self.launch or LaunchOptions.from_environment()).struct()
+        """Explicit options, else the package's (its compile options) with the environment's changes."""
+        if self.launch is not None:
+            return self.launch.struct()
+        default = LaunchOptions.from_json(self.spec["launch"]) if "launch" in self.spec else None
+        return LaunchOptions.from_environment(default=default).struct()
 
     # --- params ----------------------------------------------------------------
     def set_params(self, params: Mapping[str, np.ndarray]) -> None:
