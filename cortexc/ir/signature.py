@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from cortexc.ir.cell import Cell
+from cortexc.ir.cell import Body, BodyKind, Cell
+from cortexc.ir.ops import Op
 from cortexc.runtime.signature import (
     CellSignature,
+    EmbeddingSig,
     InitSig,
     OutputSig,
     ParamSig,
@@ -22,4 +24,47 @@ def cell_signature(cell: Cell) -> CellSignature:
         inputs=cell.inputs,
         states=cell.states,
         outputs=tuple(OutputSig(o.name, o.shape, o.at_root) for o in cell.outputs),
+        embeddings=embeddings(cell),
     )
+
+
+def _rows_of(cell: Cell, body: Body) -> str:
+    """The nodes a forward body runs for (`EmbeddingSig.rows`)."""
+    if body.kind is BodyKind.LEAF:
+        return "leaves"
+    if body.kind in (BodyKind.PRE, BodyKind.NODE):
+        return "internal" if cell.leaf is not None else "all"
+    at_root = next(o.at_root for o in cell.outputs if o.body is body)
+    return "roots" if at_root else "all"
+
+
+def embeddings(cell: Cell) -> tuple[EmbeddingSig, ...]:
+    """Params read only as look-up tables, each by an index input that indexes nothing else, with the
+    nodes that look them up: what a sparse gradient of the table holds (from the forward bodies)."""
+    tables: dict[str, set[str]] = {}  # param -> index inputs it is looked up by
+    indexed: dict[str, set[str]] = {}  # index input -> params it looks up
+    other_use: set[str] = set()  # params and inputs used otherwise
+    rows: dict[str, set[str]] = {}
+    for body in cell.bodies():
+        for value in body.values:
+            if value.op is Op.EMBED:
+                table, index = body.values[value.args[0]], body.values[value.args[1]]
+                if table.op is Op.PARAM and index.op is Op.INPUT:
+                    tables.setdefault(table.name, set()).add(index.name)
+                    indexed.setdefault(index.name, set()).add(table.name)
+                    rows.setdefault(table.name, set()).add(_rows_of(cell, body))
+                    continue
+            for position, arg in enumerate(value.args):
+                used = body.values[arg]
+                if used.op in (Op.PARAM, Op.INPUT) and not (value.op is Op.EMBED and position < 2):
+                    other_use.add(used.name)
+    found = []
+    for param in (p.name for p in cell.params):
+        (index, *more) = sorted(tables.get(param, ())) or [""]
+        if not index or more or param in other_use or index in other_use or indexed[index] != {param}:
+            continue
+        at = rows[param]
+        if {"leaves", "internal"} <= at or "all" in at:
+            at = {"all"}
+        found.append(EmbeddingSig(param, index, tuple(sorted(at))))
+    return tuple(found)

@@ -71,15 +71,20 @@ class CpuExecutor:
         """Keep the params and pack the GEMM weights (stacked as the program says) once."""
         abi = self.spec["abi"]
         self._params = [np.ascontiguousarray(params[name], dtype=np.float32) for name in abi["params"]]
+        self.repack(params)
+
+    def repack(self, params: Mapping[str, np.ndarray]) -> None:
+        """Pack the GEMM weights again from these params (for callers that pass params per call)."""
         self._packed = packed_weights(self.lib, self.spec, params)
 
     def _call(
         self,
         lin: Linearized,
-        input_arrays: list[np.ndarray],
-        states: list[np.ndarray],
-        hoisted: list[np.ndarray],
-        outputs: list[np.ndarray],
+        params: Sequence[np.ndarray],
+        input_arrays: Sequence[np.ndarray],
+        states: Sequence[np.ndarray],
+        hoisted: Sequence[np.ndarray],
+        outputs: Sequence[np.ndarray],
     ) -> tuple[ctypes.Structure, list[Any]]:
         """The `cx_call` struct over these arrays, and the pointer tables that must outlive it."""
         call = CxCall(
@@ -94,7 +99,7 @@ class CpuExecutor:
             roots=lin.roots.ctypes.data,
         )
         tables = {
-            "params": _pointers(self._params),
+            "params": _pointers(params),
             "packed": _pointers(self._packed),
             "inputs": _pointers(input_arrays),
             "states": _pointers(states),
@@ -104,6 +109,42 @@ class CpuExecutor:
         for field, table in tables.items():
             setattr(call, field, ctypes.cast(table, _P))
         return call, list(tables.values())
+
+    def run_forward(
+        self,
+        lin: Linearized,
+        params: Sequence[np.ndarray],
+        inputs: Sequence[np.ndarray],
+        states: Sequence[np.ndarray],
+        hoisted: Sequence[np.ndarray],
+        outputs: Sequence[np.ndarray],
+    ) -> None:
+        """The forward into arrays the caller allocated (the ABI's orders and shapes: states with
+        N + 1 rows, the last zero), with the weights packed by the last `set_params`/`repack`. What
+        `forward` does after allocating; `cortexc.torch` calls it with views of torch tensors."""
+        call, _tables = self._call(lin, params, inputs, states, hoisted, outputs)
+        if lin.num_nodes:
+            self._launch_forward(call, lin)
+
+    def run_backward(
+        self,
+        lin: Linearized,
+        params: Sequence[np.ndarray],
+        inputs: Sequence[np.ndarray],
+        states: Sequence[np.ndarray],
+        hoisted: Sequence[np.ndarray],
+        grads: Sequence[Sequence[np.ndarray | None]],
+    ) -> None:
+        """The backward into caller-allocated gradient arrays: `grads` is (d_params, d_inputs, d_states,
+        d_hoisted, upstream_outputs) as `cx_grad` orders them (zeroed, d_states holding the upstream
+        gradients of the states; None for index inputs and for outputs without an upstream)."""
+        outputs = [np.empty(0, np.float32) for _ in self.spec["abi"]["outputs"]]
+        call, _tables = self._call(lin, params, inputs, states, hoisted, outputs)
+        grad_tables = [_pointers(list(arrays)) for arrays in grads]
+        grad = CxGrad(*(ctypes.cast(table, _P) for table in grad_tables))
+        if lin.num_nodes:
+            mask = sum(1 << index for index, array in enumerate(grads[4]) if array is not None)
+            self._launch_backward(call, grad, lin, mask)
 
     def forward(
         self, lin: Linearized, inputs: Mapping[str, np.ndarray], keep: bool = False, host: bool = True
@@ -120,9 +161,7 @@ class CpuExecutor:
             rows = len(lin.roots) if out["at_root"] else n
             outputs.append(np.empty((rows, *out["shape"]), np.float32))
         input_arrays = [inputs[name] for name in abi["inputs"]]
-        call, _tables = self._call(lin, input_arrays, states, hoisted, outputs)
-        if n:
-            self._launch_forward(call, lin)
+        self.run_forward(lin, self._params, input_arrays, states, hoisted, outputs)
         result = {name: state[:n] for name, state in zip(abi["states"], states)}
         result.update(zip(abi["outputs"], outputs))
         return result, (Saved(lin, input_arrays, states, hoisted) if keep else None)
@@ -151,19 +190,8 @@ class CpuExecutor:
             None if name not in upstream else np.ascontiguousarray(upstream[name], np.float32)
             for name in abi["outputs"]
         ]
-        outputs = [np.empty(0, np.float32) for _ in abi["outputs"]]
-        call, _tables = self._call(lin, saved.inputs, saved.states, saved.hoisted, outputs)
-        grad_tables = [
-            _pointers(d_params),
-            _pointers(d_inputs),
-            _pointers(d_states),
-            _pointers(d_hoisted),
-            _pointers(upstream_outputs),
-        ]
-        grad = CxGrad(*(ctypes.cast(table, _P) for table in grad_tables))
-        if n:
-            mask = sum(1 << index for index, array in enumerate(upstream_outputs) if array is not None)
-            self._launch_backward(call, grad, lin, mask)
-        grads = dict(zip(abi["params"], d_params))
-        grads.update((name, d) for name, d in zip(abi["inputs"], d_inputs) if d is not None)
-        return grads
+        grads = (d_params, d_inputs, d_states, d_hoisted, upstream_outputs)
+        self.run_backward(lin, self._params, saved.inputs, saved.states, saved.hoisted, grads)
+        result = dict(zip(abi["params"], d_params))
+        result.update((name, d) for name, d in zip(abi["inputs"], d_inputs) if d is not None)
+        return result

@@ -142,23 +142,52 @@ class CellModel:
     def _executor_for_device(self) -> Executor:
         """The executor of this model's device, built (or loaded from the cache) on first use."""
         if self._executor is None:
-            chosen = backend(self.device)
-            cls = type(self)
-            target = chosen.target
-            request = ExecutorRequest(
-                spec=cls._spec,
-                source=cls._kernel_sources[target] if target is not None else "",
-                source_path=cls._package / cls._spec["kernels"][target] if target is not None else cls._package,
-                name=f"{cls._description['package']}_{cls.signature.name}",
-                compile_ir=lambda: cls.cell,
-            )
-            executor = chosen.make_executor(request)
+            executor = type(self).make_executor(self.device)
             executor.set_params(self._params)
             self._executor = executor
         return self._executor
 
+    @classmethod
+    def make_executor(cls, device: str) -> Executor:
+        """A new executor of this cell on `device` (its library built or loaded from the cache), with no
+        params yet: `set_params` comes next. `cortexc.torch` drives one per module."""
+        chosen = backend(device)
+        target = chosen.target
+        request = ExecutorRequest(
+            spec=cls._spec,
+            source=cls._kernel_sources[target] if target is not None else "",
+            source_path=cls._package / cls._spec["kernels"][target] if target is not None else cls._package,
+            name=f"{cls._description['package']}_{cls.signature.name}",
+            compile_ir=lambda: cls.cell,
+        )
+        return chosen.make_executor(request)
+
+    # --- pickling ---------------------------------------------------------------
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled as (package directory, cell name, device, params): the class is made again by
+        importing the package from its directory (it is registered under a digest name, not its own)."""
+        return (restore_model, (str(self._package), self.signature.name, self.device, dict(self._params)))
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.device!r})"
+
+
+def cell_class(package_dir: str | os.PathLike[str], name: str) -> type[CellModel]:
+    """The class of cell `name` of the package at `package_dir` (imported once per process)."""
+    from cortexc.runtime.loader import import_package
+
+    module = import_package(Path(package_dir))
+    cls = getattr(module, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, CellModel)):
+        raise CortexcError(f"the package at {package_dir} has no cell {name!r}")
+    return cls
+
+
+def restore_model(package_dir: str, name: str, device: str, params: Mapping[str, np.ndarray]) -> CellModel:
+    """A model unpickled: its class from the package directory, its params as they were."""
+    model = cell_class(package_dir, name)(device=device, seed=None)
+    model.load_params(params)
+    return model
 
 
 def _frozen(params: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -10,7 +10,7 @@ import numpy as np
 
 from cortexc.errors import CortexcError, InputError
 from cortexc.runtime.signature import CellSignature, ParamSig
-from cortexc.runtime.validate import signature
+from cortexc.runtime.validate import as_array, signature
 
 if TYPE_CHECKING:
     from cortexc.ir.cell import Cell
@@ -67,7 +67,7 @@ def check_params(
         raise InputError(f"missing params for cell {cell.name}: {', '.join(missing)}")
     checked: dict[str, np.ndarray] = {}
     for name, value in params.items():
-        array = np.asarray(value)
+        array = as_array(value, f"param {name}")
         if array.shape != declared[name].shape:
             raise InputError(f"param {name} must have shape {declared[name].shape}, got {array.shape}")
         if not np.issubdtype(array.dtype, np.floating):

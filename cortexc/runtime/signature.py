@@ -75,6 +75,23 @@ class OutputSig:
 
 
 @dataclass(frozen=True)
+class EmbeddingSig:
+    """A param used only as a look-up table (`E[word]`), by one index input that indexes nothing else.
+
+    `rows` names the nodes that look it up ("leaves", "internal", "all" or "roots"); a sparse gradient
+    (`cortexc.torch` with ``sparse=True``, the native optimizers) holds the rows those nodes read.
+    """
+
+    param: str
+    index: str
+    rows: tuple[str, ...]
+
+
+#: the node sets of `EmbeddingSig.rows`
+EMBEDDING_ROWS = ("leaves", "internal", "all", "roots")
+
+
+@dataclass(frozen=True)
 class CellSignature:
     name: str
     structure: StructureSig
@@ -83,6 +100,11 @@ class CellSignature:
     inputs: tuple[InputSig, ...]
     states: tuple[StateSig, ...]
     outputs: tuple[OutputSig, ...]
+    embeddings: tuple[EmbeddingSig, ...] = ()
+
+    def embedding(self, param: str) -> EmbeddingSig | None:
+        """The look-up of `param` if it is used only as an embedding table, else None."""
+        return next((e for e in self.embeddings if e.param == param), None)
 
     @property
     def arity(self) -> int | None:
@@ -104,6 +126,7 @@ class CellSignature:
             "inputs": [{"name": i.name, "shape": list(i.shape), "index_range": i.index_range} for i in self.inputs],
             "states": [{"name": s.name, "shape": list(s.shape)} for s in self.states],
             "outputs": [{"name": o.name, "shape": list(o.shape), "at_root": o.at_root} for o in self.outputs],
+            "embeddings": [{"param": e.param, "index": e.index, "rows": list(e.rows)} for e in self.embeddings],
         }
 
     @classmethod
@@ -131,6 +154,10 @@ class CellSignature:
                 states=tuple(StateSig(str(s["name"]), _shape(s["shape"])) for s in data["states"]),
                 outputs=tuple(
                     OutputSig(str(o["name"]), _shape(o["shape"]), bool(o["at_root"])) for o in data["outputs"]
+                ),
+                embeddings=tuple(
+                    EmbeddingSig(str(e["param"]), str(e["index"]), tuple(str(r) for r in e["rows"]))
+                    for e in data.get("embeddings", ())
                 ),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as err:

@@ -28,6 +28,20 @@ def signature(cell: CellSignature | Cell) -> CellSignature:
     return cell_signature(cell)
 
 
+def as_array(value: object, what: str) -> np.ndarray:
+    """`value` as a NumPy array, or an `InputError` naming `what`: a torch tensor that requires grad
+    (torch refuses to give its memory to NumPy) and objects NumPy cannot read get one too."""
+    if getattr(value, "requires_grad", False) is True:
+        raise InputError(
+            f"{what} is a torch tensor that requires grad: the NumPy API tracks no gradients "
+            "(pass tensor.detach(), or run the cell as a cortexc.torch.CellModule)"
+        )
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise InputError(f"{what} cannot be read as an array ({type(err).__name__}: {err})") from None
+
+
 def check_forest(cell: CellSignature | Cell, forest: Forest) -> None:
     sig = signature(cell)
     if not isinstance(forest, Forest):
@@ -53,7 +67,7 @@ def check_inputs(
     n = forest.num_nodes
     checked: dict[str, np.ndarray] = {}
     for name, decl in declared.items():
-        array = np.asarray(inputs[name])
+        array = as_array(inputs[name], f"input {name}")
         if decl.is_index:
             if array.shape != (n,):
                 raise InputError(f"input {name} must have shape ({n},) (one index per node), got {array.shape}")

@@ -1,0 +1,437 @@
+"""A compiled cell as a `torch.nn.Module` (the contract: ../shared/spec/torch.md).
+
+`CellModule(cls)` wraps a cell class of a generated package: its params are
+`nn.Parameter`s named as in the `.cell` file, and calling it runs the generated
+C through two `torch.library` custom ops, ``cortexc::cell_forward`` and
+``cortexc::cell_backward``, tied by `register_autograd`. The ops take lists of
+tensors (params, inputs, the linearised forest) and an integer handle naming
+the module's executor; what the backward needs (params, inputs, forest, every
+state and hoisted row) travels as tensors saved by autograd. Each op has a
+fake implementation (shapes only), so `torch.compile` traces them without a
+graph break and `torch.library.opcheck` passes.
+
+Zero copy: contiguous float32 CPU tensors go into the `cx_call` pointer tables
+as they are (NumPy views of the detached tensors share their memory), torch
+allocates every result, and the states come back as views of the kernels'
+arrays. The GEMM weights are packed again only when a packed param's version
+counter or storage changed (an optimizer step), once per step.
+
+Importing this module imports torch; `import cortexc` never does.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from cortexc.errors import CortexcError, InputError
+from cortexc.runtime.cpu import CpuExecutor
+from cortexc.runtime.forest import Forest
+from cortexc.runtime.linearize import Linearized, linearize
+from cortexc.runtime.model import CellModel, cell_class
+from cortexc.runtime.signature import CellSignature, EmbeddingSig
+from cortexc.runtime.validate import check_forest
+
+__all__ = ["CellModule", "ForestBatch"]
+
+
+# ------------------------------------------------------------------------------------------------ forest
+@dataclass(frozen=True, eq=False)
+class ForestBatch:
+    """A linearised forest as int64 tensors (`runtime/linearize.py`): what the kernels walk.
+
+    `internal` is the level-order tail of the nodes with children (its length sizes the hoisted rows,
+    so that shapes follow from tensor sizes alone, as `torch.compile` needs); `roots` the roots in the
+    forest's order. `forest` is kept to check the structure against a cell (in eager mode).
+    """
+
+    level_order: Tensor
+    level_ptr: Tensor
+    edge_ptr: Tensor
+    edge_child: Tensor
+    roots: Tensor
+    internal: Tensor
+    forest: Forest | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_forest(cls, forest: Forest) -> ForestBatch:
+        if not isinstance(forest, Forest):
+            raise InputError(f"ForestBatch.from_forest expects a cortexc.Forest, got {type(forest).__name__}")
+        lin = linearize(forest)
+        order = torch.tensor(lin.level_order)  # copies: the forest's arrays are read-only
+        return cls(
+            level_order=order,
+            level_ptr=torch.tensor(lin.level_ptr),
+            edge_ptr=torch.tensor(lin.edge_ptr),
+            edge_child=torch.tensor(lin.edge_child),
+            roots=torch.tensor(lin.roots),
+            internal=order[lin.num_leaves :].clone(),  # its own tensor: a view would tie its size to a storage offset
+            forest=forest,
+        )
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.level_order.shape[0])
+
+    def tensors(self) -> tuple[Tensor, ...]:
+        """The tensors in the order the ops take them."""
+        return (self.level_order, self.level_ptr, self.edge_ptr, self.edge_child, self.roots, self.internal)
+
+    def mark_dynamic(self) -> ForestBatch:
+        """Mark every size dynamic for `torch.compile` (without it the second size recompiles once)."""
+        for tensor in self.tensors():
+            torch._dynamo.maybe_mark_dynamic(tensor, 0)
+        return self
+
+
+def _linearized(level_order: Tensor, level_ptr: Tensor, edge_ptr: Tensor, edge_child: Tensor, roots: Tensor):
+    """The executor's `Linearized` over NumPy views of the forest tensors (no copy for int64 CPU ones)."""
+    arrays = [np.ascontiguousarray(t.detach().numpy(), dtype=np.int64) for t in (level_order, level_ptr, edge_ptr)]
+    order, ptr, eptr = arrays
+    child = np.ascontiguousarray(edge_child.detach().numpy(), dtype=np.int64)
+    root = np.ascontiguousarray(roots.detach().numpy(), dtype=np.int64)
+    max_children = int(np.diff(eptr).max()) if len(order) else 0
+    return Linearized(len(order), max(len(ptr) - 1, 1), max_children, order, ptr, eptr, child, root)
+
+
+# ------------------------------------------------------------------------------------------------ runners
+class _Runner:
+    """One module's executor and what the ops read from its `cell.json` entry (orders and shapes)."""
+
+    def __init__(self, cls: type[CellModel]):
+        executor = cls.make_executor("cpu")
+        if not isinstance(executor, CpuExecutor):  # pragma: no cover - the backend table's cpu entry
+            raise CortexcError("cortexc.torch runs the cpu backend's executor")
+        self.executor = executor
+        self.spec = cls._spec
+        abi = self.spec["abi"]
+        self.params: list[str] = list(abi["params"])
+        self.inputs: list[str] = list(abi["inputs"])
+        self.states: list[str] = list(abi["states"])
+        index = {i["name"] for i in self.spec["inputs"] if i["dtype"] == "int32"}
+        self.float_inputs = [position for position, name in enumerate(self.inputs) if name not in index]
+        self.packed_positions = sorted(
+            {self.params.index(p) for weight in self.spec["packed"] for p in weight["params"]}
+        )
+        self._packed_key: tuple[tuple[int, int], ...] | None = None
+        self.repacks = 0  # how often the weights were packed (tests: only when a param changed)
+
+    def prepare(self, params: Sequence[Tensor]) -> None:
+        """Pack the GEMM weights again if a packed param changed since the last call: its version
+        counter (bumped by every in-place update, `torch.optim` steps included) or its storage."""
+        key = tuple((params[i]._version, params[i].data_ptr()) for i in self.packed_positions)
+        if key != self._packed_key:
+            arrays = {self.params[i]: _view(params[i]) for i in self.packed_positions}
+            self.executor.repack(arrays)
+            self._packed_key = key
+            self.repacks += 1
+
+
+_RUNNERS: dict[int, _Runner] = {}
+_HANDLES = itertools.count(1)
+
+
+def _runner(handle: int) -> _Runner:
+    runner = _RUNNERS.get(handle)
+    if runner is None:
+        raise CortexcError(f"no cortexc CellModule with handle {handle} in this process")
+    return runner
+
+
+def _view(tensor: Tensor) -> np.ndarray:
+    """A float32 C-contiguous NumPy view of a CPU tensor (a copy only if it is not one already)."""
+    return np.ascontiguousarray(tensor.detach().numpy(), dtype=np.float32)
+
+
+# ------------------------------------------------------------------------------------------------ the ops
+@torch.library.custom_op("cortexc::cell_forward", mutates_args=())
+def cell_forward(
+    handle: int,
+    params: list[Tensor],
+    inputs: list[Tensor],
+    level_order: Tensor,
+    level_ptr: Tensor,
+    edge_ptr: Tensor,
+    edge_child: Tensor,
+    roots: Tensor,
+    internal: Tensor,
+) -> list[Tensor]:
+    """Every state ([N + 1] rows, the last zero), every hoisted row set, then every output (ABI order)."""
+    runner = _runner(handle)
+    runner.prepare(params)
+    results = _forward_shapes(runner, level_order, roots, internal, fake=False)
+    states, hoisted, outputs = _split(runner, results)
+    lin = _linearized(level_order, level_ptr, edge_ptr, edge_child, roots)
+    runner.executor.run_forward(
+        lin,
+        [_view(p) for p in params],
+        [np.ascontiguousarray(i.detach().numpy()) for i in inputs],
+        [s.numpy() for s in states],
+        [h.numpy() for h in hoisted],
+        [o.numpy() for o in outputs],
+    )
+    return results
+
+
+def _forward_shapes(runner: _Runner, level_order: Tensor, roots: Tensor, internal: Tensor, fake: bool) -> list[Tensor]:
+    """The forward's results, allocated by torch: states zeroed (row N is the kernels' zero row)."""
+    n, r, i = level_order.shape[0], roots.shape[0], internal.shape[0]
+    empty = level_order.new_empty
+    states = [(empty if fake else torch.zeros)((n + 1, *s), dtype=torch.float32) for s in runner.spec["state_shapes"]]
+    hoisted = [empty((i, width), dtype=torch.float32) for width in runner.spec["hoisted_widths"]]
+    outputs = [empty(((r if o["at_root"] else n), *o["shape"]), dtype=torch.float32) for o in runner.spec["outputs"]]
+    return states + hoisted + outputs
+
+
+def _split(runner: _Runner, results: Sequence[Tensor]) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+    ns, nh = len(runner.states), len(runner.spec["hoisted_widths"])
+    return list(results[:ns]), list(results[ns : ns + nh]), list(results[ns + nh :])
+
+
+@cell_forward.register_fake
+def _cell_forward_fake(handle, params, inputs, level_order, level_ptr, edge_ptr, edge_child, roots, internal):
+    return _forward_shapes(_runner(handle), level_order, roots, internal, fake=True)
+
+
+@torch.library.custom_op("cortexc::cell_backward", mutates_args=())
+def cell_backward(
+    handle: int,
+    params: list[Tensor],
+    inputs: list[Tensor],
+    level_order: Tensor,
+    level_ptr: Tensor,
+    edge_ptr: Tensor,
+    edge_child: Tensor,
+    roots: Tensor,
+    internal: Tensor,
+    states: list[Tensor],
+    hoisted: list[Tensor],
+    d_states: list[Tensor | None],
+    d_outputs: list[Tensor | None],
+) -> list[Tensor]:
+    """The gradient of every param, then of every float input (ABI order), from upstream gradients of
+    the states ([N + 1] rows) and outputs; None: no upstream (an output's phases then do nothing)."""
+    runner = _runner(handle)
+    runner.prepare(params)
+    d_params = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in params]
+    d_inputs: list[Tensor | None] = [None] * len(inputs)
+    for position in runner.float_inputs:
+        d_inputs[position] = torch.zeros(inputs[position].shape, dtype=torch.float32)
+    d_state_arrays = []
+    for state, upstream in zip(states, d_states):
+        d_state = torch.zeros_like(state) if upstream is None else upstream.to(torch.float32, copy=True).contiguous()
+        d_state_arrays.append(d_state.numpy())  # the kernels add the children's adjoints into it
+    lin = _linearized(level_order, level_ptr, edge_ptr, edge_child, roots)
+    grads = (
+        [d.numpy() for d in d_params],
+        [None if d is None else d.numpy() for d in d_inputs],
+        d_state_arrays,
+        [np.zeros(h.shape, np.float32) for h in hoisted],
+        [None if d is None else _view(d) for d in d_outputs],
+    )
+    runner.executor.run_backward(
+        lin,
+        [_view(p) for p in params],
+        [np.ascontiguousarray(i.detach().numpy()) for i in inputs],
+        [_view(s) for s in states],
+        [_view(h) for h in hoisted],
+        grads,
+    )
+    return d_params + [d for d in d_inputs if d is not None]
+
+
+@cell_backward.register_fake
+def _cell_backward_fake(handle, params, inputs, level_order, *rest):
+    runner = _runner(handle)
+    d_params = [p.new_empty(p.shape) for p in params]
+    return d_params + [inputs[i].new_empty(inputs[i].shape, dtype=torch.float32) for i in runner.float_inputs]
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    handle, params, cell_inputs, *forest = inputs
+    runner = _runner(handle)
+    ctx.set_materialize_grads(False)  # a result the loss does not use has no upstream (and costs nothing)
+    ctx.handle = handle
+    ctx.counts = (len(params), len(cell_inputs), len(runner.states), len(runner.spec["hoisted_widths"]))
+    saved = output[: ctx.counts[2] + ctx.counts[3]]
+    ctx.save_for_backward(*params, *cell_inputs, *forest, *saved)
+
+
+def _backward(ctx: Any, grads: Sequence[Tensor | None]) -> tuple[Any, ...]:
+    num_params, num_inputs, num_states, num_hoisted = ctx.counts
+    saved = list(ctx.saved_tensors)
+    params, saved = saved[:num_params], saved[num_params:]
+    cell_inputs, saved = saved[:num_inputs], saved[num_inputs:]
+    forest, saved = saved[:6], saved[6:]
+    states, hoisted = saved[:num_states], saved[num_states:]
+    runner = _runner(ctx.handle)
+    grads = list(grads)
+    d_states, d_outputs = grads[:num_states], grads[num_states + num_hoisted :]
+    if all(g is None for g in grads):
+        return (None, [None] * num_params, [None] * num_inputs) + (None,) * 6
+    result = cell_backward(ctx.handle, params, cell_inputs, *forest, states, hoisted, d_states, d_outputs)
+    d_inputs: list[Tensor | None] = [None] * num_inputs
+    for position, d in zip(runner.float_inputs, result[num_params:]):
+        d_inputs[position] = d
+    return (None, list(result[:num_params]), d_inputs) + (None,) * 6
+
+
+torch.library.register_autograd("cortexc::cell_forward", _backward, setup_context=_setup_context)
+
+
+# ------------------------------------------------------------------------------------------------ module
+class CellModule(nn.Module):
+    """A compiled cell as an `nn.Module`: ``CellModule(mod.BinaryTreeLSTM, seed=0)``.
+
+    Params are float32 `nn.Parameter`s named and ordered as the `.cell` file declares them (so
+    `state_dict` keys are the `.npz` keys of the NumPy API), initialised as the NumPy model with the
+    same seed. ``module(batch, **inputs)`` takes a `ForestBatch` (or a `Forest`) and one tensor per
+    input and returns every state (`[N, ...]`, node order) and output by name, in autograd's graph.
+    With ``sparse=True`` the gradient of a param used only as an embedding table is a sparse COO
+    tensor of the looked-up rows (as `nn.Embedding(sparse=True)`); eager mode only.
+    """
+
+    def __init__(self, cls: type[CellModel], seed: int | None = 0, sparse: bool = False):
+        super().__init__()
+        if not (isinstance(cls, type) and issubclass(cls, CellModel)):
+            raise CortexcError(f"CellModule wraps a cell class of a generated package, got {cls!r}")
+        self._cell_ref = (str(cls._package), cls.signature.name)
+        self.sparse = bool(sparse)
+        from cortexc.runtime.params import init_params
+
+        values = init_params(cls.signature, seed)
+        for decl in cls.signature.params:
+            if hasattr(self, decl.name):
+                raise CortexcError(f"param {decl.name} of cell {cls.signature.name} clashes with an nn.Module name")
+            self.register_parameter(decl.name, nn.Parameter(torch.from_numpy(values[decl.name])))
+        self._attach(cls)
+
+    def _attach(self, cls: type[CellModel]) -> None:
+        self.signature: CellSignature = cls.signature
+        self._handle = next(_HANDLES)
+        _RUNNERS[self._handle] = _Runner(cls)
+
+    @property
+    def runner(self) -> _Runner:
+        return _RUNNERS[self._handle]
+
+    def __del__(self) -> None:
+        _RUNNERS.pop(getattr(self, "_handle", 0), None)
+
+    # --- pickling: the cell class and the executor are made again from the package directory -------
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_handle", None)
+        state.pop("signature", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._attach(cell_class(*self._cell_ref))
+
+    # --- running -----------------------------------------------------------------------------------
+    def forward(self, batch: ForestBatch | Forest, **inputs: Tensor) -> dict[str, Tensor]:
+        if isinstance(batch, Forest):
+            batch = ForestBatch.from_forest(batch)
+        if not isinstance(batch, ForestBatch):
+            raise InputError(f"expected a cortexc.torch.ForestBatch or a cortexc.Forest, got {type(batch).__name__}")
+        runner = self.runner
+        eager = not torch.compiler.is_compiling()
+        if eager:
+            self._check(batch, inputs)
+        params = [getattr(self, name) for name in runner.params]
+        converted = {}
+        for decl in self.signature.inputs:
+            value = inputs[decl.name]
+            converted[decl.name] = (
+                value.to(torch.int32).contiguous() if decl.is_index else value.to(torch.float32).contiguous()
+            )
+        if self.sparse and eager:
+            for embedding in self.signature.embeddings:
+                position = runner.params.index(embedding.param)
+                params[position], converted[embedding.index] = _compact_lookup(
+                    params[position], converted[embedding.index], embedding, batch
+                )
+        results = cell_forward(
+            self._handle, params, [converted[name] for name in runner.inputs], *batch.tensors()
+        )
+        n = batch.level_order.shape[0]
+        out = {name: state[:n] for name, state in zip(runner.states, results)}
+        outputs = results[len(runner.states) + len(runner.spec["hoisted_widths"]) :]
+        out.update(zip(runner.spec["abi"]["outputs"], outputs))
+        return out
+
+    def _check(self, batch: ForestBatch, inputs: Mapping[str, Tensor]) -> None:
+        """The NumPy API's checks, on tensors: the forest's structure, the inputs' names, shapes, dtypes
+        and index ranges (eager mode; a compiled graph trusts what it was traced with)."""
+        sig = self.signature
+        if batch.forest is not None:
+            check_forest(sig, batch.forest)
+        declared = {decl.name: decl for decl in sig.inputs}
+        unknown = sorted(set(inputs) - set(declared))
+        if unknown:
+            raise InputError(f"cell {sig.name} has no input {', '.join(map(repr, unknown))} (its inputs: {', '.join(declared) or 'none'})")
+        missing = [name for name in declared if name not in inputs]
+        if missing:
+            raise InputError(f"missing input {', '.join(map(repr, missing))} for cell {sig.name}")
+        n = batch.num_nodes
+        for name, decl in declared.items():
+            value = inputs[name]
+            if not isinstance(value, Tensor):
+                raise InputError(f"input {name} must be a torch.Tensor, got {type(value).__name__}")
+            if value.device.type != "cpu":
+                raise InputError(f"input {name} is on {value.device}; this CellModule runs on the cpu")
+            if decl.is_index:
+                if tuple(value.shape) != (n,):
+                    raise InputError(f"input {name} must have shape ({n},) (one index per node), got {tuple(value.shape)}")
+                if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+                    raise InputError(f"input {name} is an index input and must be integers, got dtype {value.dtype}")
+                assert decl.index_range is not None
+                bad = torch.nonzero((value < 0) | (value >= decl.index_range)).flatten()
+                if bad.numel():
+                    node = int(bad[0])
+                    raise InputError(
+                        f"input {name}: node {node} has index {int(value[node])}, outside "
+                        f"[0, {decl.index_range}) ({bad.numel()} nodes out of range)"
+                    )
+            else:
+                expected = (n, *decl.shape)
+                if tuple(value.shape) != expected:
+                    raise InputError(f"input {name} must have shape {expected} (one row per node), got {tuple(value.shape)}")
+                if not value.is_floating_point():
+                    raise InputError(f"input {name} must be float32, got dtype {value.dtype}")
+
+    def extra_repr(self) -> str:
+        return f"{self.signature.name}, sparse={self.sparse}"
+
+
+def _lookup_nodes(embedding: EmbeddingSig, batch: ForestBatch) -> Tensor:
+    """The nodes that read the table (`EmbeddingSig.rows`)."""
+    n = batch.level_order.shape[0]
+    internal = batch.internal.shape[0]
+    sets = {
+        "all": lambda: batch.level_order,
+        "leaves": lambda: batch.level_order[: n - internal],
+        "internal": lambda: batch.internal,
+        "roots": lambda: batch.roots,
+    }
+    parts = [sets[rows]() for rows in embedding.rows]
+    return parts[0] if len(parts) == 1 else torch.unique(torch.cat(parts))
+
+
+def _compact_lookup(table: Tensor, index: Tensor, embedding: EmbeddingSig, batch: ForestBatch) -> tuple[Tensor, Tensor]:
+    """The looked-up rows of `table` (through `F.embedding(sparse=True)`, so its gradient is a sparse
+    COO tensor of those rows) and the index input renumbered into them: the kernels then read and
+    write only those rows."""
+    nodes = _lookup_nodes(embedding, batch)
+    rows, inverse = torch.unique(index[nodes].long(), return_inverse=True)
+    compact = nn.functional.embedding(rows, table, sparse=True)
+    renumbered = torch.zeros_like(index)
+    renumbered[nodes] = inverse.to(index.dtype)
+    return compact, renumbered

@@ -1,0 +1,335 @@
+"""cortexc.torch: a compiled cell as an nn.Module (../shared/spec/torch.md).
+
+Numbers against the interpreter and against per-node PyTorch models written here independently
+(tests/test_autodiff.py); the custom ops through `torch.library.opcheck`; `torch.compile` with a
+recompile count; pickling; sparse embedding gradients; typed errors.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import cortexc  # noqa: E402
+from cortexc import Forest, InputError  # noqa: E402
+from cortexc.torch import CellModule, ForestBatch, cell_backward, cell_forward  # noqa: E402
+from tests.helpers import EXAMPLES, REPO, relative_error  # noqa: E402
+from tests.test_autodiff import torch_binary_treelstm, torch_childsum  # noqa: E402
+
+BINARY = {"V": 40, "X": 6, "H": 5, "C": 3}
+CHILDSUM = {"X": 6, "H": 5}
+
+
+@pytest.fixture(scope="module")
+def binary():
+    return cortexc.load(EXAMPLES / "binary_treelstm.cell", **BINARY).BinaryTreeLSTM
+
+
+@pytest.fixture(scope="module")
+def childsum():
+    return cortexc.load(EXAMPLES / "treelstm.cell", **CHILDSUM).ChildSumTreeLSTM
+
+
+def jittered(cls, rng, seed=0):
+    """A module and an interpreter model with the same params: the seeded init plus noise."""
+    module = CellModule(cls, seed=seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.from_numpy(0.3 * rng.standard_normal(p.shape).astype(np.float32)))
+    reference = cls(device="interp", seed=seed)
+    reference.load_params({k: v.detach().numpy() for k, v in module.state_dict().items()})
+    return module, reference
+
+
+def binary_case(rng, trees=4, max_nodes=11):
+    forest = Forest.random(trees, rng=rng, binary=True, max_children=2, max_nodes=max_nodes)
+    word = rng.integers(0, BINARY["V"], forest.num_nodes)
+    return forest, word
+
+
+def test_params_are_named_and_initialised_as_the_cell_declares(binary, tmp_path):
+    module = CellModule(binary, seed=3)
+    names = [p.name for p in binary.signature.params]
+    assert [n for n, _ in module.named_parameters()] == names
+    assert list(module.state_dict()) == names
+    model = binary(device="cpu", seed=3)
+    for name, value in model.params.items():
+        param = getattr(module, name)
+        assert isinstance(param, torch.nn.Parameter) and param.dtype == torch.float32
+        assert np.array_equal(param.detach().numpy(), value)
+    # state_dict keys are the .npz keys of the NumPy API
+    model.save_params(tmp_path / "w.npz")
+    with np.load(tmp_path / "w.npz") as archive:
+        module.load_state_dict({k: torch.from_numpy(archive[k]) for k in archive.files})
+
+
+def test_forward_and_gradients_match_the_interpreter(binary, rng):
+    module, reference = jittered(binary, rng)
+    forest, word = binary_case(rng)
+    out = module(ForestBatch.from_forest(forest), word=torch.as_tensor(word))
+    expected = reference(forest, grad=True, word=word)
+    for name, value in expected.items():
+        assert relative_error(out[name].detach().numpy(), value) < 1e-5, name
+    upstream = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in expected.items()}
+    loss = sum((out[k] * torch.from_numpy(g)).sum() for k, g in upstream.items())
+    loss.backward()
+    grads = reference.backward(expected, upstream)
+    for name, value in grads.items():
+        assert relative_error(getattr(module, name).grad.numpy(), value) < 1e-5, name
+
+
+def test_gradients_match_per_node_torch_for_any_subset_of_results(binary, rng):
+    """A loss of the root logits only, then of h only: every param's gradient as the per-node model's."""
+    module, _ = jittered(binary, rng)
+    forest, word = binary_case(rng, trees=3)
+    children = _children(forest)
+    params = {k: v.detach().clone().requires_grad_(True) for k, v in module.state_dict().items()}
+    labels = torch.as_tensor(rng.integers(0, BINARY["C"], len(forest.roots)))
+    roots = torch.as_tensor(forest.roots)
+    for result in ("logits", "h"):
+        module.zero_grad()
+        for p in params.values():
+            p.grad = None
+        out = module(forest, word=torch.as_tensor(word))
+        mine = _loss(out, result, roots, labels)
+        mine.backward()
+        theirs = _loss(torch_binary_treelstm(children)(torch, params, {"word": torch.as_tensor(word)}), result, roots, labels)
+        theirs.backward()
+        assert abs(mine.item() - theirs.item()) < 1e-5 * max(1.0, abs(theirs.item()))
+        for name, p in params.items():
+            got = getattr(module, name).grad
+            expected = p.grad if p.grad is not None else torch.zeros_like(p)
+            assert relative_error(got.numpy(), expected.numpy()) < 1e-4, (result, name)
+
+
+def _children(forest):
+    """Each node's children in the forest's own order (child 0 first), from its CSR arrays."""
+    ptr, idx = forest.child_ptr, forest.child_idx
+    return [[int(c) for c in idx[ptr[n] : ptr[n + 1]]] for n in range(forest.num_nodes)]
+
+
+def _loss(out, result, roots, labels):
+    if result == "logits":
+        return torch.nn.functional.cross_entropy(out["logits"][roots], labels)
+    return (out["h"] ** 2).sum()
+
+
+def test_float_input_gradients_against_per_node_torch(childsum, rng):
+    module, reference = jittered(childsum, rng)
+    forest = Forest.random(3, rng=rng, max_children=4, max_nodes=10)
+    x_np = rng.standard_normal((forest.num_nodes, CHILDSUM["X"])).astype(np.float32)
+    x = torch.tensor(x_np, requires_grad=True)
+    out = module(forest, x=x)
+    weight = torch.from_numpy(rng.standard_normal(out["c"].shape).astype(np.float32))
+    (out["c"] * weight).sum().backward()
+    params = {k: v.detach().clone().requires_grad_(True) for k, v in module.state_dict().items()}
+    x_ref = torch.tensor(x_np, requires_grad=True)
+    theirs = torch_childsum(_children(forest))(torch, params, {"x": x_ref})
+    (theirs["c"] * weight).sum().backward()
+    assert relative_error(x.grad.numpy(), x_ref.grad.numpy()) < 1e-4
+    for name, p in params.items():
+        assert relative_error(getattr(module, name).grad.numpy(), p.grad.numpy()) < 1e-4, name
+    # and the interpreter agrees on the input gradient
+    expected = reference(forest, grad=True, x=x_np)
+    grads = reference.backward(expected, {"c": weight.numpy()})
+    assert relative_error(x.grad.numpy(), grads["x"]) < 1e-5
+
+
+def test_results_the_loss_does_not_use_get_no_upstream(binary, rng, monkeypatch):
+    module = CellModule(binary)
+    forest, word = binary_case(rng)
+    seen = []
+    executor = module.runner.executor
+    original = executor.run_backward
+
+    def spy(lin, params, inputs, states, hoisted, grads):
+        seen.append([g is None for g in grads[4]])
+        return original(lin, params, inputs, states, hoisted, grads)
+
+    monkeypatch.setattr(executor, "run_backward", spy)
+    out = module(forest, word=torch.as_tensor(word))
+    out["h"].sum().backward()
+    assert seen == [[True]]  # the logits' phases get no upstream
+    module.zero_grad()
+    out = module(forest, word=torch.as_tensor(word))
+    (out["h"] * 0).sum().backward()  # used: an upstream of zeros, still the phases
+    assert module.W_s.grad is not None and float(module.W_s.grad.abs().sum()) == 0.0
+
+
+def test_inputs_and_results_share_memory_with_the_kernels(childsum, rng, monkeypatch):
+    module = CellModule(childsum)
+    forest = Forest.random(2, rng=rng, max_nodes=8)
+    x = torch.from_numpy(rng.standard_normal((forest.num_nodes, CHILDSUM["X"])).astype(np.float32))
+    seen = {}
+    executor = module.runner.executor
+    original = executor.run_forward
+
+    def spy(lin, params, inputs, states, hoisted, outputs):
+        seen["input"] = inputs[0].ctypes.data
+        seen["state"] = states[0].ctypes.data
+        seen["param"] = params[0].ctypes.data
+        return original(lin, params, inputs, states, hoisted, outputs)
+
+    monkeypatch.setattr(executor, "run_forward", spy)
+    out = module(forest, x=x)
+    assert seen["input"] == x.data_ptr()
+    assert seen["state"] == out[module.runner.states[0]].data_ptr()
+    assert seen["param"] == getattr(module, module.runner.params[0]).data_ptr()
+
+
+def test_weights_are_packed_again_only_when_a_param_changed(binary, rng):
+    module = CellModule(binary)
+    forest, word = binary_case(rng)
+    word = torch.as_tensor(word)
+    runner = module.runner
+    module(forest, word=word)
+    module(forest, word=word)
+    assert runner.repacks == 1
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    module(forest, word=word)["h"].sum().backward()
+    optimizer.step()
+    first = module(forest, word=word)
+    assert runner.repacks == 2
+    # the packed weights follow the new params: the result is the NumPy model's with these params
+    model = binary(device="cpu")
+    model.load_params({k: v.detach().numpy() for k, v in module.state_dict().items()})
+    assert relative_error(first["h"].detach().numpy(), model(forest, word=word.numpy())["h"]) < 1e-6
+    with torch.no_grad():
+        module.U_iou.mul_(0.5)
+    after = module(forest, word=word)
+    model.load_params({"U_iou": module.U_iou.detach().numpy()})
+    assert runner.repacks == 3
+    assert relative_error(after["h"].detach().numpy(), model(forest, word=word.numpy())["h"]) < 1e-6
+
+
+def test_opcheck_passes_on_both_ops(binary, rng):
+    module = CellModule(binary)
+    forest, word = binary_case(rng)
+    batch = ForestBatch.from_forest(forest)
+    params = [getattr(module, n).detach().clone().requires_grad_(True) for n in module.runner.params]
+    inputs = [torch.as_tensor(word, dtype=torch.int32)]
+    args = (module._handle, params, inputs, *batch.tensors())
+    torch.library.opcheck(cell_forward, args)
+    results = cell_forward(*args)
+    ns, nh = len(module.runner.states), len(module.runner.spec["hoisted_widths"])
+    states, hoisted = [r.detach() for r in results[:ns]], [r.detach() for r in results[ns : ns + nh]]
+    d_states = [torch.randn(states[0].shape), None]
+    d_outputs = [torch.randn(results[-1].shape)]  # the backward is not differentiable itself
+    detached = [p.detach() for p in params]
+    torch.library.opcheck(
+        cell_backward, (module._handle, detached, inputs, *batch.tensors(), states, hoisted, d_states, d_outputs)
+    )
+
+
+def test_torch_compile_fullgraph_does_not_recompile_after_the_second_size(binary, rng):
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    module = CellModule(binary)
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+    for trees in (2, 3, 5, 7):
+        forest, word = binary_case(rng, trees=trees)
+        out = compiled(ForestBatch.from_forest(forest), word=torch.as_tensor(word))
+        expected = module(forest, word=torch.as_tensor(word))
+        assert torch.equal(out["logits"], expected["logits"])
+        out["logits"].sum().backward()
+    assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
+    assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+def test_a_cell_module_pickles_and_deep_copies(binary, rng, tmp_path):
+    module, _ = jittered(binary, rng)
+    forest, word = binary_case(rng)
+    word = torch.as_tensor(word)
+    expected = module(forest, word=word)["logits"]
+    for twin in (pickle.loads(pickle.dumps(module)), copy.deepcopy(module)):
+        assert twin._handle != module._handle
+        assert torch.equal(twin(forest, word=word)["logits"], expected)
+        with torch.no_grad():
+            twin.W_s.zero_()  # its own params
+        assert not torch.equal(twin(forest, word=word)["logits"], expected)
+    torch.save(module, tmp_path / "m.pt")
+    with open(tmp_path / "forest.pickle", "wb") as file:
+        pickle.dump((forest, word, expected), file)
+    script = (
+        "import pickle, sys, torch\n"
+        f"m = torch.load({str(tmp_path / 'm.pt')!r}, weights_only=False)\n"
+        f"forest, word, expected = pickle.load(open({str(tmp_path / 'forest.pickle')!r}, 'rb'))\n"
+        "assert torch.equal(m(forest, word=word)['logits'], expected)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_env())
+    assert done.returncode == 0, done.stderr
+
+
+def _env():
+    import os
+
+    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+
+
+def test_a_numpy_model_pickles_and_deep_copies(binary, rng):
+    model = binary(device="cpu", seed=1)
+    model.load_params({"W_s": rng.standard_normal(model.params["W_s"].shape).astype(np.float32)})
+    forest, word = binary_case(rng)
+    expected = model(forest, word=word)["logits"]
+    for twin in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+        assert type(twin).signature == binary.signature and twin.device == "cpu"
+        assert np.array_equal(twin(forest, word=word)["logits"], expected)
+
+
+def test_sparse_embedding_gradient_holds_the_looked_up_rows(binary, rng):
+    dense, _ = jittered(binary, rng)
+    sparse = CellModule(binary, sparse=True)
+    sparse.load_state_dict(dense.state_dict())
+    forest, word = binary_case(rng)
+    word = torch.as_tensor(word)
+    for module in (dense, sparse):
+        out = module(forest, word=word)
+        torch.nn.functional.cross_entropy(out["logits"], torch.zeros(forest.num_nodes, dtype=torch.long)).backward()
+        assert relative_error(out["logits"].detach().numpy(), dense(forest, word=word)["logits"].detach().numpy()) < 1e-6
+    grad = sparse.E.grad
+    assert grad.is_sparse
+    grad = grad.coalesce()
+    leaves = np.flatnonzero(forest.num_children == 0)
+    assert sorted(grad.indices()[0].tolist()) == sorted(set(word.numpy()[leaves].tolist()))
+    assert relative_error(grad.to_dense().numpy(), dense.E.grad.numpy()) < 1e-6
+    for name in ("W_iou", "U_iou", "W_s"):
+        assert relative_error(getattr(sparse, name).grad.numpy(), getattr(dense, name).grad.numpy()) < 1e-6
+    torch.optim.Adagrad([sparse.E], lr=0.1).step()  # the optimizers that take sparse gradients
+
+
+def test_bad_forests_and_inputs_give_typed_errors(binary, rng):
+    module = CellModule(binary)
+    forest, word = binary_case(rng)
+    with pytest.raises(InputError, match="shape"):
+        module(forest, word=torch.as_tensor(word[:-1]))
+    bad = word.copy()
+    bad[0] = BINARY["V"]
+    with pytest.raises(InputError, match="outside"):
+        module(forest, word=torch.as_tensor(bad))
+    with pytest.raises(InputError, match="missing input"):
+        module(forest)
+    with pytest.raises(InputError, match="integers"):
+        module(forest, word=torch.as_tensor(word, dtype=torch.float32))
+    wide = Forest.from_parents([-1, 0, 0, 0])
+    with pytest.raises(cortexc.ForestError):
+        module(wide, word=torch.zeros(4, dtype=torch.long))
+
+
+def test_the_numpy_api_refuses_a_tensor_that_requires_grad(childsum, rng):
+    model = childsum(device="cpu")
+    forest = Forest.random(2, rng=rng, max_nodes=6)
+    x = torch.zeros((forest.num_nodes, CHILDSUM["X"]), requires_grad=True)
+    with pytest.raises(InputError, match="requires grad"):
+        model(forest, x=x)
+    with pytest.raises(InputError, match="requires grad"):
+        model.load_params({"W_iou": torch.zeros(model.params["W_iou"].shape, requires_grad=True)})
+    assert model(forest, x=x.detach())["h"].shape == (forest.num_nodes, CHILDSUM["H"])
