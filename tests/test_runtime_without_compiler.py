@@ -107,6 +107,7 @@ def test_importing_cortexc_loads_no_compiler_module():
     loaded = eval(done.stdout)
     assert [m for m in loaded if any(m == b or m.startswith(b + ".") for b in COMPILER_MODULES)] == []
     assert "cortexc.ir.cell" not in loaded  # the runtime reads signatures, not the IR
+    assert not [m for m in loaded if m == "torch" or m.startswith("torch.") or m == "cortexc.torch"]  # an extra
 
 
 def test_compile_functions_are_still_reachable_from_cortexc():

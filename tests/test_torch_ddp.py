@@ -1,0 +1,107 @@
+"""DistributedDataParallel over a CellModule: 2 processes on gloo, 3 SGD steps.
+
+Each rank builds its module with a different seed (DDP must broadcast rank 0's params) and trains on
+its own shard; after every step both ranks hold bitwise the same params, equal (float32 tolerance) to
+one process stepping with the two shards' gradients averaged. The package and its `.so` are built
+here, before the ranks start, so they only load it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import cortexc  # noqa: E402
+from cortexc import Forest  # noqa: E402
+from cortexc.torch import CellModule  # noqa: E402
+from tests.helpers import EXAMPLES, REPO  # noqa: E402
+
+DIMS = {"V": 30, "X": 6, "H": 5, "C": 3}
+STEPS = 3
+
+RANK = """
+import os, pickle, sys
+import numpy as np, torch, torch.distributed as dist
+from cortexc.runtime.model import cell_class
+from cortexc.torch import CellModule
+rank = int(sys.argv[1])
+package, shards, out = sys.argv[2], sys.argv[3], sys.argv[4]
+dist.init_process_group("gloo", rank=rank, world_size=2)
+module = CellModule(cell_class(package, "BinaryTreeLSTM"), seed=100 + rank)
+ddp = torch.nn.parallel.DistributedDataParallel(module)
+optimizer = torch.optim.SGD(ddp.parameters(), lr=0.5)
+with open(shards, "rb") as file:
+    steps = pickle.load(file)
+history = []
+for shard in steps:
+    forest, word, labels = shard[rank]
+    optimizer.zero_grad()
+    logits = ddp(forest, word=torch.as_tensor(word))["logits"]
+    torch.nn.functional.cross_entropy(logits[torch.as_tensor(forest.roots)], torch.as_tensor(labels)).backward()
+    optimizer.step()
+    history.append({k: v.detach().numpy().copy() for k, v in module.state_dict().items()})
+with open(out, "wb") as file:
+    pickle.dump(history, file)
+dist.destroy_process_group()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_ddp_on_two_gloo_ranks_matches_one_process_with_averaged_gradients(rng, tmp_path):
+    cls = cortexc.load(EXAMPLES / "binary_treelstm.cell", **DIMS).BinaryTreeLSTM
+    reference = CellModule(cls, seed=100)  # rank 0's init: what DDP broadcasts; builds the .so once, here
+    steps = []
+    for _ in range(STEPS):
+        shard = []
+        for _rank in range(2):
+            forest = Forest.random(3, rng=rng, binary=True, max_children=2, max_nodes=9)
+            shard.append((forest, rng.integers(0, DIMS["V"], forest.num_nodes), rng.integers(0, DIMS["C"], 3)))
+        steps.append(shard)
+    with open(tmp_path / "shards.pickle", "wb") as file:
+        pickle.dump(steps, file)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
+    env["MASTER_PORT"] = str(_free_port())
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK, str(r), str(cls._package), str(tmp_path / "shards.pickle"), str(tmp_path / f"{r}.pickle")],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    for process in ranks:
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err
+    histories = []
+    for r in range(2):
+        with open(tmp_path / f"{r}.pickle", "rb") as file:
+            histories.append(pickle.load(file))
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
+    for step, shard in enumerate(steps):
+        for name in histories[0][step]:
+            assert np.array_equal(histories[0][step][name], histories[1][step][name]), (step, name)
+        grads = []
+        for forest, word, labels in shard:
+            reference.zero_grad()
+            logits = reference(forest, word=torch.as_tensor(word))["logits"]
+            torch.nn.functional.cross_entropy(logits[torch.as_tensor(forest.roots)], torch.as_tensor(labels)).backward()
+            grads.append({k: p.grad.clone() for k, p in reference.named_parameters()})
+        for name, p in reference.named_parameters():
+            p.grad = (grads[0][name] + grads[1][name]) / 2
+        optimizer.step()
+        for name, value in reference.state_dict().items():
+            np.testing.assert_allclose(histories[0][step][name], value.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
