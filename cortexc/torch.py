@@ -358,9 +358,7 @@ class CellModule(nn.Module):
                 params[position], converted[embedding.index] = _compact_lookup(
                     params[position], converted[embedding.index], embedding, batch
                 )
-        results = cell_forward(
-            self._handle, params, [converted[name] for name in runner.inputs], *batch.tensors()
-        )
+        results = cell_forward(self._handle, params, [converted[name] for name in runner.inputs], *batch.tensors())
         n = batch.level_order.shape[0]
         out = {name: state[:n] for name, state in zip(runner.states, results)}
         outputs = results[len(runner.states) + len(runner.spec["hoisted_widths"]) :]
@@ -376,7 +374,10 @@ class CellModule(nn.Module):
         declared = {decl.name: decl for decl in sig.inputs}
         unknown = sorted(set(inputs) - set(declared))
         if unknown:
-            raise InputError(f"cell {sig.name} has no input {', '.join(map(repr, unknown))} (its inputs: {', '.join(declared) or 'none'})")
+            raise InputError(
+                f"cell {sig.name} has no input {', '.join(map(repr, unknown))} "
+                f"(its inputs: {', '.join(declared) or 'none'})"
+            )
         missing = [name for name in declared if name not in inputs]
         if missing:
             raise InputError(f"missing input {', '.join(map(repr, missing))} for cell {sig.name}")
@@ -389,7 +390,9 @@ class CellModule(nn.Module):
                 raise InputError(f"input {name} is on {value.device}; this CellModule runs on the cpu")
             if decl.is_index:
                 if tuple(value.shape) != (n,):
-                    raise InputError(f"input {name} must have shape ({n},) (one index per node), got {tuple(value.shape)}")
+                    raise InputError(
+                        f"input {name} must have shape ({n},) (one index per node), got {tuple(value.shape)}"
+                    )
                 if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
                     raise InputError(f"input {name} is an index input and must be integers, got dtype {value.dtype}")
                 assert decl.index_range is not None
@@ -403,7 +406,9 @@ class CellModule(nn.Module):
             else:
                 expected = (n, *decl.shape)
                 if tuple(value.shape) != expected:
-                    raise InputError(f"input {name} must have shape {expected} (one row per node), got {tuple(value.shape)}")
+                    raise InputError(
+                        f"input {name} must have shape {expected} (one row per node), got {tuple(value.shape)}"
+                    )
                 if not value.is_floating_point():
                     raise InputError(f"input {name} must be float32, got dtype {value.dtype}")
 

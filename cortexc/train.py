@@ -22,8 +22,9 @@ from typing import TypeVar
 import numpy as np
 
 from cortexc.errors import InputError
+from cortexc.runtime.model import SparseRows
 
-__all__ = ["SGD", "Adagrad", "Adam", "Optimizer", "accuracy", "batches", "softmax_cross_entropy"]
+__all__ = ["SGD", "Adagrad", "Adam", "Optimizer", "SparseRows", "accuracy", "batches", "softmax_cross_entropy"]
 
 T = TypeVar("T")
 
@@ -40,8 +41,12 @@ class Optimizer:
         self.weight_decay = float(weight_decay)
         self.state: dict[str, dict[str, np.ndarray | int]] = {}
 
-    def step(self, params: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """New values of every param (copies of those without a gradient)."""
+    def step(
+        self, params: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray | SparseRows]
+    ) -> dict[str, np.ndarray]:
+        """New values of every param (copies of those without a gradient). A `SparseRows` gradient
+        (`model.backward(..., sparse=True)`) updates only its rows, as torch.optim does for a sparse
+        gradient (no weight decay then: torch refuses it too)."""
         unknown = sorted(set(grads) - set(params))
         if unknown:
             raise InputError(f"gradients for unknown params: {', '.join(unknown)}")
@@ -54,7 +59,11 @@ class Optimizer:
             # in the param's own precision, as torch.optim does (float32 for models: no float64 copies
             # of a large embedding table on every step)
             dtype = value.dtype if np.issubdtype(value.dtype, np.floating) else np.float64
-            grad = np.asarray(grads[name], dtype=dtype)
+            given = grads[name]
+            if isinstance(given, SparseRows):
+                new[name] = self._sparse(name, value.astype(dtype), given)
+                continue
+            grad = np.asarray(given, dtype=dtype)
             if grad.shape != value.shape:
                 raise InputError(f"the gradient of {name} has shape {grad.shape}, the param {value.shape}")
             p = value.astype(dtype, copy=False)
@@ -67,6 +76,35 @@ class Optimizer:
     def _update(self, p: np.ndarray, grad: np.ndarray, state: dict) -> np.ndarray:  # pragma: no cover
         raise NotImplementedError
 
+    def _sparse(self, name: str, value: np.ndarray, grad: SparseRows) -> np.ndarray:
+        """A sparse step: the rows' slice of the param and of every state, updated by `_update`."""
+        if grad.shape != value.shape:
+            raise InputError(f"the gradient of {name} has shape {grad.shape}, the param {value.shape}")
+        if self.weight_decay:
+            raise InputError(f"{type(self).__name__}: weight decay with a sparse gradient (of {name})")
+        if not self._sparse_ok():
+            raise InputError(f"{type(self).__name__} has no sparse update (of {name}): use dense gradients")
+        state = self.state.setdefault(name, {})
+        rows = grad.rows
+        full = {key: array for key, array in state.items() if isinstance(array, np.ndarray)}
+        view = {key: array[rows] for key, array in full.items()}
+        new = value.copy()
+        new[rows] = self._update(value[rows], grad.values.astype(value.dtype), view)
+        for key, array in view.items():
+            if key in full:
+                full[key][rows] = array
+            else:  # first step: the state is made whole, untouched rows at their start
+                whole = self._initial_state(key, value)
+                whole[rows] = array
+                state[key] = whole
+        return new
+
+    def _sparse_ok(self) -> bool:
+        return False
+
+    def _initial_state(self, key: str, value: np.ndarray) -> np.ndarray:  # pragma: no cover
+        raise NotImplementedError
+
 
 class SGD(Optimizer):
     """``p -= lr * g``; with momentum ``b = momentum * b + g`` (b = g at the first step), ``p -= lr * b``
@@ -77,6 +115,9 @@ class SGD(Optimizer):
         if momentum < 0:
             raise ValueError(f"momentum must be >= 0, got {momentum}")
         self.momentum = float(momentum)
+
+    def _sparse_ok(self) -> bool:
+        return not self.momentum
 
     def _update(self, p: np.ndarray, grad: np.ndarray, state: dict) -> np.ndarray:
         if self.momentum:
@@ -99,6 +140,12 @@ class Adagrad(Optimizer):
             raise ValueError(f"initial_accumulator must be >= 0, got {initial_accumulator}")
         self.eps = float(eps)
         self.initial_accumulator = float(initial_accumulator)
+
+    def _sparse_ok(self) -> bool:
+        return True
+
+    def _initial_state(self, key: str, value: np.ndarray) -> np.ndarray:
+        return np.full(value.shape, self.initial_accumulator, dtype=value.dtype)
 
     def _update(self, p: np.ndarray, grad: np.ndarray, state: dict) -> np.ndarray:
         total = state.get("sum")

@@ -68,6 +68,9 @@ SLOW = {
     "test_device_executor.py::test_one_upload_one_memset_one_download_per_call",
     "test_train.py::test_short_sst_training_run_lowers_the_loss",
     "test_runtime_without_compiler.py::test_package_runs_cpu_with_the_compiler_blocked",
+    "test_torch_ddp.py",  # two processes importing torch and gloo
+    "test_torch.py::test_a_cell_module_pickles_and_deep_copies",  # a subprocess importing torch
+    "test_torch.py::test_float_input_gradients_against_per_node_torch",  # builds a second package
 }
 
 

@@ -100,7 +100,9 @@ def test_gradients_match_per_node_torch_for_any_subset_of_results(binary, rng):
         out = module(forest, word=torch.as_tensor(word))
         mine = _loss(out, result, roots, labels)
         mine.backward()
-        theirs = _loss(torch_binary_treelstm(children)(torch, params, {"word": torch.as_tensor(word)}), result, roots, labels)
+        theirs = _loss(
+            torch_binary_treelstm(children)(torch, params, {"word": torch.as_tensor(word)}), result, roots, labels
+        )
         theirs.backward()
         assert abs(mine.item() - theirs.item()) < 1e-5 * max(1.0, abs(theirs.item()))
         for name, p in params.items():
@@ -294,7 +296,9 @@ def test_sparse_embedding_gradient_holds_the_looked_up_rows(binary, rng):
     for module in (dense, sparse):
         out = module(forest, word=word)
         torch.nn.functional.cross_entropy(out["logits"], torch.zeros(forest.num_nodes, dtype=torch.long)).backward()
-        assert relative_error(out["logits"].detach().numpy(), dense(forest, word=word)["logits"].detach().numpy()) < 1e-6
+        assert (
+            relative_error(out["logits"].detach().numpy(), dense(forest, word=word)["logits"].detach().numpy()) < 1e-6
+        )
     grad = sparse.E.grad
     assert grad.is_sparse
     grad = grad.coalesce()
@@ -333,3 +337,34 @@ def test_the_numpy_api_refuses_a_tensor_that_requires_grad(childsum, rng):
     with pytest.raises(InputError, match="requires grad"):
         model.load_params({"W_iou": torch.zeros(model.params["W_iou"].shape, requires_grad=True)})
     assert model(forest, x=x.detach())["h"].shape == (forest.num_nodes, CHILDSUM["H"])
+
+
+def test_sparse_adagrad_native_and_torch_agree_with_the_dense_step(binary, rng):
+    """Two Adagrad steps: native with SparseRows gradients, native dense, and torch.optim on the sparse
+    COO gradient of a CellModule(sparse=True) give the same params; untouched rows stay put."""
+    from cortexc.train import Adagrad, SparseRows
+
+    module = CellModule(binary, sparse=True, seed=2)
+    sparse_model, dense_model = binary(device="cpu", seed=2), binary(device="cpu", seed=2)
+    sparse_opt, dense_opt = Adagrad(lr=0.1), Adagrad(lr=0.1)
+    torch_opt = torch.optim.Adagrad(module.parameters(), lr=0.1)
+    start = sparse_model.params["E"].copy()
+    looked_up = set()
+    for _ in range(2):
+        forest, word = binary_case(rng)
+        looked_up |= set(word[forest.num_children == 0].tolist())
+        upstream = rng.standard_normal((forest.num_nodes, BINARY["C"])).astype(np.float32)
+        for model, opt, sparse in ((sparse_model, sparse_opt, True), (dense_model, dense_opt, False)):
+            out = model(forest, grad=True, word=word)
+            grads = model.backward(out, {"logits": upstream}, sparse=sparse)
+            assert isinstance(grads["E"], SparseRows) == sparse
+            model.load_params(opt.step(model.params, grads))
+        torch_opt.zero_grad()
+        (module(forest, word=torch.as_tensor(word))["logits"] * torch.from_numpy(upstream)).sum().backward()
+        torch_opt.step()
+    for name, value in dense_model.params.items():
+        assert relative_error(sparse_model.params[name], value) < 1e-6, name
+        assert relative_error(getattr(module, name).detach().numpy(), value) < 1e-5, name
+    untouched = sorted(set(range(BINARY["V"])) - looked_up)
+    assert np.array_equal(sparse_model.params["E"][untouched], start[untouched])
+    assert not np.array_equal(sparse_model.params["E"], start)

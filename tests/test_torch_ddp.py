@@ -76,7 +76,15 @@ def test_ddp_on_two_gloo_ranks_matches_one_process_with_averaged_gradients(rng, 
     env["MASTER_PORT"] = str(_free_port())
     ranks = [
         subprocess.Popen(
-            [sys.executable, "-c", RANK, str(r), str(cls._package), str(tmp_path / "shards.pickle"), str(tmp_path / f"{r}.pickle")],
+            [
+                sys.executable,
+                "-c",
+                RANK,
+                str(r),
+                str(cls._package),
+                str(tmp_path / "shards.pickle"),
+                str(tmp_path / f"{r}.pickle"),
+            ],
             env=env,
             stderr=subprocess.PIPE,
             text=True,

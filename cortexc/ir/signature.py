@@ -48,10 +48,10 @@ def embeddings(cell: Cell) -> tuple[EmbeddingSig, ...]:
     for body in cell.bodies():
         for value in body.values:
             if value.op is Op.EMBED:
-                table, index = body.values[value.args[0]], body.values[value.args[1]]
-                if table.op is Op.PARAM and index.op is Op.INPUT:
-                    tables.setdefault(table.name, set()).add(index.name)
-                    indexed.setdefault(index.name, set()).add(table.name)
+                table, looked_up = body.values[value.args[0]], body.values[value.args[1]]
+                if table.op is Op.PARAM and looked_up.op is Op.INPUT:
+                    tables.setdefault(table.name, set()).add(looked_up.name)
+                    indexed.setdefault(looked_up.name, set()).add(table.name)
                     rows.setdefault(table.name, set()).add(_rows_of(cell, body))
                     continue
             for position, arg in enumerate(value.args):

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -39,6 +40,32 @@ FORMAT_VERSION = 2
 
 #: every device name (the backend table's); "cuda-emu" runs the CUDA code on the CPU (for tests: slow)
 DEVICES = tuple(BACKENDS)
+
+
+@dataclass(frozen=True)
+class SparseRows:
+    """A sparse gradient of a table: `values[i]` is the gradient of row `rows[i]` (rows unique, sorted);
+    every other row's gradient is zero."""
+
+    rows: np.ndarray  # int64 [R]
+    values: np.ndarray  # [R, ...]
+    shape: tuple[int, ...]
+
+    def to_dense(self) -> np.ndarray:
+        dense = np.zeros(self.shape, self.values.dtype)
+        dense[self.rows] = self.values
+        return dense
+
+
+def lookup_nodes(forest: Forest, rows: tuple[str, ...]) -> np.ndarray:
+    """The nodes of `EmbeddingSig.rows` ("leaves", "internal", "all", "roots") in a forest."""
+    sets = {
+        "all": lambda: np.arange(forest.num_nodes),
+        "leaves": lambda: np.flatnonzero(forest.num_children == 0),
+        "internal": lambda: np.flatnonzero(forest.num_children > 0),
+        "roots": lambda: np.asarray(forest.roots),
+    }
+    return np.unique(np.concatenate([sets[r]() for r in rows])) if rows else np.zeros(0, np.int64)
 
 
 class Outputs(dict):
@@ -121,8 +148,13 @@ class CellModel:
             result.saved = (forest, checked, {s.name: out[s.name] for s in self.signature.states}, kept)
         return result
 
-    def backward(self, out: Outputs, upstream: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Gradients of every param and every float input, given upstream gradients of outputs/states."""
+    def backward(
+        self, out: Outputs, upstream: Mapping[str, np.ndarray], sparse: bool = False
+    ) -> dict[str, np.ndarray | SparseRows]:
+        """Gradients of every param and every float input, given upstream gradients of outputs/states.
+
+        With ``sparse=True`` the gradient of a param used only as an embedding table is a `SparseRows`
+        of the looked-up rows (the `cortexc.train` optimizers then update only those rows)."""
         saved = getattr(out, "saved", None)
         if saved is None:
             raise CortexcError("backward needs the result of model(forest, grad=True, ...)")
@@ -137,7 +169,14 @@ class CellModel:
                 raise InputError(f"the gradient of {name} must have shape {out[name].shape}, got {array.shape}")
             checked[name] = np.ascontiguousarray(array, dtype=np.float32)
         shapes = {p.name: p.shape for p in self.signature.params}
-        return self._executor_for_device().backward(kept, checked, shapes)
+        grads: dict[str, np.ndarray | SparseRows] = dict(self._executor_for_device().backward(kept, checked, shapes))
+        if sparse:
+            for embedding in self.signature.embeddings:
+                rows = np.unique(inputs[embedding.index][lookup_nodes(forest, embedding.rows)])
+                dense = grads[embedding.param]
+                assert isinstance(dense, np.ndarray)
+                grads[embedding.param] = SparseRows(rows.astype(np.int64), dense[rows], dense.shape)
+        return grads
 
     def _executor_for_device(self) -> Executor:
         """The executor of this model's device, built (or loaded from the cache) on first use."""
