@@ -65,7 +65,7 @@ class ForestBatch:
             raise InputError(f"ForestBatch.from_forest expects a cortexc.Forest, got {type(forest).__name__}")
         lin = linearize(forest)
         order = torch.tensor(lin.level_order)  # copies: the forest's arrays are read-only
-        return cls(
+        batch = cls(
             level_order=order,
             level_ptr=torch.tensor(lin.level_ptr),
             edge_ptr=torch.tensor(lin.edge_ptr),
@@ -74,6 +74,7 @@ class ForestBatch:
             internal=order[lin.num_leaves :].clone(),  # its own tensor: a view would tie its size to a storage offset
             forest=forest,
         )
+        return batch.mark_dynamic()
 
     @property
     def num_nodes(self) -> int:
@@ -84,7 +85,8 @@ class ForestBatch:
         return (self.level_order, self.level_ptr, self.edge_ptr, self.edge_child, self.roots, self.internal)
 
     def mark_dynamic(self) -> ForestBatch:
-        """Mark every size dynamic for `torch.compile` (without it the second size recompiles once)."""
+        """Mark every size dynamic for `torch.compile` (`from_forest` does): forests of any size then share
+        one graph, except where two sizes of the first forest were equal (dynamo gives them one symbol)."""
         for tensor in self.tensors():
             torch._dynamo.maybe_mark_dynamic(tensor, 0)
         return self
