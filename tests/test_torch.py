@@ -92,7 +92,7 @@ def test_gradients_match_per_node_torch_for_any_subset_of_results(binary, rng):
     children = _children(forest)
     params = {k: v.detach().clone().requires_grad_(True) for k, v in module.state_dict().items()}
     labels = torch.as_tensor(rng.integers(0, BINARY["C"], len(forest.roots)))
-    roots = torch.as_tensor(forest.roots)
+    roots = torch.tensor(forest.roots)
     for result in ("logits", "h"):
         module.zero_grad()
         for p in params.values():
