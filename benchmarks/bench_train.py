@@ -24,6 +24,8 @@ Two parts:
      Adagrad update in float32 NumPy, in place (`cortexc.train.Adagrad` computes
      in float64 and allocates new arrays: on the dense ``[V, X]`` embedding it is
      most of a step);
+   - ``cortexc_torch``: the torch path, `cortexc.torch.CellModule` with a sparse embedding
+     gradient, ``F.cross_entropy`` and ``torch.optim.Adagrad`` (the same kernels in an autograd graph);
    - ``torch_per_node``: recursive PyTorch autograd (`train_peers.TorchPerNodeTrain`),
      on only ``--per-node-batches`` batches (it is slow);
    - ``torch_level_batched``: PyTorch autograd level by level
@@ -81,7 +83,7 @@ from cortexc.train import Adagrad, softmax_cross_entropy  # noqa: E402
 
 CELL = REPO / "examples" / "binary_treelstm.cell"
 SST_DIR = Path(os.environ.get("CORTEXC_SST_DIR", REPO.parent / "shared" / "data" / "sst"))
-IMPLS = ("cortexc", "cortexc_f32adagrad", "torch_per_node", "torch_level_batched")
+IMPLS = ("cortexc", "cortexc_f32adagrad", "cortexc_torch", "torch_per_node", "torch_level_batched")
 CORTEXC_IMPLS = ("cortexc", "cortexc_f32adagrad")
 NUM_CLASSES = 5
 GRAD_RTOL = 1e-4  # normwise relative gradient error above which a param is flagged
@@ -200,6 +202,56 @@ class CortexcTrainer:
         return self.model(batch.forest, word=batch.ids)["logits"][batch.forest.roots]
 
 
+class CellModuleTrainer:
+    """The torch path: `cortexc.torch.CellModule` (the embedding's gradient sparse, as
+    ``nn.Embedding(sparse=True)``), ``F.cross_entropy`` over every node and ``torch.optim.Adagrad``."""
+
+    def __init__(self, name: str, module: Any, params: dict[str, np.ndarray], lr: float) -> None:
+        from cortexc.torch import CellModule
+
+        self.name = name
+        self.net = CellModule(module.BinaryTreeLSTM, seed=0, sparse=True)
+        self.net.load_state_dict({key: torch.from_numpy(np.array(value)) for key, value in params.items()})
+        self.opt = torch.optim.Adagrad(self.net.parameters(), lr=lr)
+
+    def _loss(self, batch: Batch) -> torch.Tensor:
+        out = self.net(batch.forest, word=torch.from_numpy(batch.ids))
+        return torch.nn.functional.cross_entropy(out["logits"], torch.from_numpy(batch.labels).long())
+
+    def warm_up(self, batch: Batch) -> None:
+        self._loss(batch).backward()
+        self.opt.zero_grad(set_to_none=True)
+
+    def grads(self, batch: Batch) -> dict[str, np.ndarray]:
+        self.opt.zero_grad(set_to_none=True)
+        self._loss(batch).backward()
+        found = {}
+        for name, param in self.net.named_parameters():
+            grad = param.grad
+            if grad is None:
+                found[name] = np.zeros(tuple(param.shape), np.float32)
+            else:
+                found[name] = (grad.to_dense() if grad.is_sparse else grad).numpy()
+        return found
+
+    def step(self, batch: Batch, timings: dict[str, float]) -> float:
+        t0 = time.perf_counter()
+        self.opt.zero_grad(set_to_none=True)
+        loss = self._loss(batch)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        self.opt.step()
+        t3 = time.perf_counter()
+        for key, seconds in (("forward", t1 - t0), ("backward", t2 - t1), ("optimizer", t3 - t2)):
+            timings[key] = timings.get(key, 0.0) + seconds
+        return float(loss)
+
+    def root_logits(self, batch: Batch) -> np.ndarray:
+        with torch.no_grad():
+            return self.net(batch.forest, word=torch.from_numpy(batch.ids))["logits"].numpy()[batch.forest.roots]
+
+
 class TorchTrainer:
     """A `train_peers` model; its index preparation is timed as ``prepare``."""
 
@@ -226,6 +278,8 @@ class TorchTrainer:
 def make_trainer(name: str, module: Any, params: dict[str, np.ndarray], lr: float):
     if name in CORTEXC_IMPLS:
         return CortexcTrainer(name, module, params, lr)
+    if name == "cortexc_torch":
+        return CellModuleTrainer(name, module, params, lr)
     if name == "torch_per_node":
         return TorchTrainer(name, TorchPerNodeTrain, params, lr)
     return TorchTrainer(name, TorchLevelBatchedTrain, params, lr)
@@ -245,7 +299,7 @@ def check_grads(module: Any, params: dict[str, np.ndarray], lr: float, batch: Ba
     """Per param, the relative error of each torch peer's gradient against cortexc's on one batch."""
     ref = make_trainer("cortexc_f32adagrad", module, params, lr).grads(batch)
     errors = {}
-    for name in ("torch_level_batched", "torch_per_node"):
+    for name in ("cortexc_torch", "torch_level_batched", "torch_per_node"):
         got = make_trainer(name, module, params, lr).grads(batch)
         errors[name] = {param: rel_err(got[param], ref[param]) for param in ref}
     return errors
@@ -440,7 +494,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--accuracy-impls",
         nargs="+",
-        choices=["cortexc", "cortexc_f32adagrad", "torch_level_batched"],
+        choices=["cortexc", "cortexc_f32adagrad", "cortexc_torch", "torch_level_batched"],
         default=["cortexc", "cortexc_f32adagrad", "torch_level_batched"],
         help="what the accuracy part trains",
     )
