@@ -298,7 +298,8 @@ def _kernel_context(
                 del context["acc"]  # nothing is added here: the deferred phase adds to the gradient
             context["first_row"] = "e0" if step.rows == RowKind.CHILD else "pos0"
             context["rows"] = step.rows.value
-    staged: list[dict[str, Any]] = []  # the stores several rows of one launch add to (C stages them, CUDA adds atomically)
+    # the stores several rows of one launch add to (C stages them, CUDA adds atomically)
+    staged: list[dict[str, Any]] = []
     for step, context in zip(kernel.steps, steps):
         if isinstance(step, Store) and step.mode == StoreMode.ATOMIC_ADD:
             context["slot"] = len(staged)
