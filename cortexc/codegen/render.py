@@ -133,6 +133,7 @@ def render(program: Program, target: Target, source_file: str) -> str:
         accumulates={k["name"]: k["accumulates"] for k in kernels},
         staged=staged,
         stage_slots=max((len(v) for v in staged.values()), default=0),
+        stage_nodes=any(staged[k.name] and k.rows in (Rows.NODES, Rows.ROOTS) for k in program.kernels),
         stage_width=max((s["width"] for v in staged.values() for s in v), default=1),
         has_grads=cell.grads is not None,
         max_child_ks=max((len(k.child_ks) for k in program.kernels), default=0),
