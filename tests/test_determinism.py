@@ -150,3 +150,30 @@ def test_sst_trees_against_the_interpreter(rng, tmp_path_factory, monkeypatch):
     forest = Forest.from_ptb(lines[start : start + 150])
     defines = {"V": 30, "X": 8, "H": 6, "C": 5}
     _check(EXAMPLES / "binary_treelstm.cell", defines, forest, rng, tmp_path_factory, monkeypatch)
+
+
+THREADS_WORKER = r"""
+import os, sys
+from pathlib import Path
+import numpy as np
+from cortexc import Forest
+from cortexc.runtime.loader import import_package
+
+module = import_package(Path(sys.argv[1]))
+model = getattr(module, module.__all__[0])(device="cpu", seed=0)
+model(Forest.random_dag(20, rng=0), x=np.zeros((20, 12), np.float32))
+lib = model._executor.lib
+print(lib.cx_num_threads(), os.environ.get("GOMP_SPINCOUNT"))
+"""
+
+
+@pytest.mark.parametrize(("cap", "expected"), [("", "3"), ("2", "2"), ("7", "3"), ("0", "3"), ("x", "3")])
+def test_cortexc_num_threads_caps_the_threads_and_waiting_is_bounded(cap, expected, packages):
+    package, cache = packages["dagrnn"]
+    env = dict(os.environ, OMP_NUM_THREADS="3", CORTEXC_CACHE=cache, PYTHONPATH=str(REPO), CORTEXC_NUM_THREADS=cap)
+    env.pop("GOMP_SPINCOUNT", None)
+    env.pop("OMP_WAIT_POLICY", None)
+    done = subprocess.run([sys.executable, "-c", THREADS_WORKER, package], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    threads, spin = done.stdout.split()
+    assert (threads, spin) == (expected, "10000")
