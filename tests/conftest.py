@@ -52,6 +52,7 @@ NVCC = {
     "test_ops.py::test_every_op_compiles_with_nvcc_without_spills",
 }
 SLOW = {
+    "test_determinism.py",  # fresh processes per thread count, forests of thousands of nodes
     "test_invented_cells.py",  # one build per invented cell and device
     "test_cli.py::test_run_on_sst_trees",
     "test_compiled.py::test_all_of_sst_train_in_one_call",

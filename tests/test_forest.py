@@ -486,6 +486,41 @@ def test_levels_match_definition(seed: int) -> None:
             assert np.all(forest.level[nodes] == k)
 
 
+def test_a_million_step_chain_has_its_levels() -> None:
+    """Deep structures are linearized without a NumPy step per level (pointer jumping); not timed."""
+    n = 1_000_000
+    forest = Forest.from_parents(np.append(np.arange(1, n), -1))
+    assert forest.num_levels == n
+    assert np.array_equal(forest.level, np.arange(n, dtype=np.int32))
+    assert np.array_equal(forest.level_order, np.arange(n))
+    assert np.array_equal(forest.level_ptr, np.arange(n + 1))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_deep_and_bushy_trees_with_shuffled_ids_match_the_definition(seed: int) -> None:
+    """Caterpillars, long chains and brooms, numbered at random (parents before or after children)."""
+    rng = np.random.default_rng(seed)
+    parents: list[int] = []
+    for _ in range(6):
+        base, size = len(parents), int(rng.integers(1, 300))
+        kind = int(rng.integers(0, 3))
+        for i in range(size):  # node base + i; its parent among the earlier nodes of this tree
+            if i == 0:
+                parents.append(-1)
+            elif kind == 0:  # chain
+                parents.append(base + i - 1)
+            elif kind == 1:  # caterpillar: a spine with one leaf per spine node
+                parents.append(base + 2 * ((i - 1) // 2))
+            else:  # random attachment, deep on average
+                parents.append(base + int(rng.integers(max(0, i - 3), i)))
+    perm = rng.permutation(len(parents))  # new id of each node
+    shuffled = np.full(len(parents), -1)
+    for node, parent in enumerate(parents):
+        shuffled[perm[node]] = -1 if parent < 0 else perm[parent]
+    forest = Forest.from_parents(shuffled)
+    assert forest.level.tolist() == brute_levels(forest)
+
+
 def test_parent_csr_lists_every_reader() -> None:
     dag = Forest.random_dag(50, rng=11)
     readers: dict[int, list[int]] = {node: [] for node in range(dag.num_nodes)}

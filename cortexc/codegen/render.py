@@ -113,6 +113,7 @@ def render(program: Program, target: Target, source_file: str) -> str:
             if isinstance(step, Gemm):
                 index = packed_index[step.packed]
                 split_weights[index] = {"index": index, "periods": step.m // split.period, "k": step.k}
+    staged = {k["name"]: k["staged"] for k in kernels}
     template = environment().get_template("kernels.j2")
     return template.render(
         target=target,
@@ -129,6 +130,11 @@ def render(program: Program, target: Target, source_file: str) -> str:
         split_kernel=node.name,
         accumulators=accumulators,
         accumulator_floats=sum(a["size"] for a in accumulators),
+        accumulates={k["name"]: k["accumulates"] for k in kernels},
+        staged=staged,
+        stage_slots=max((len(v) for v in staged.values()), default=0),
+        stage_nodes=any(staged[k.name] and k.rows in (Rows.NODES, Rows.ROOTS) for k in program.kernels),
+        stage_width=max((s["width"] for v in staged.values() for s in v), default=1),
         has_grads=cell.grads is not None,
         max_child_ks=max((len(k.child_ks) for k in program.kernels), default=0),
         num_packed=max(1, len(program.packed)),
@@ -293,6 +299,13 @@ def _kernel_context(
                 del context["acc"]  # nothing is added here: the deferred phase adds to the gradient
             context["first_row"] = "e0" if step.rows == RowKind.CHILD else "pos0"
             context["rows"] = step.rows.value
+    # the stores several rows of one launch add to (C stages them, CUDA adds atomically)
+    staged: list[dict[str, Any]] = []
+    for step, context in zip(kernel.steps, steps):
+        if isinstance(step, Store) and step.mode == StoreMode.ATOMIC_ADD:
+            context["slot"] = len(staged)
+            context["rows"] = step.rows.value
+            staged.append({"slot": len(staged), "width": step.width, "child": step.rows == RowKind.CHILD})
     reads_children = bool(kernel.child_ks) or any(
         v.op in (Op.CHILD_STATE, Op.CHILD_STATE_AT, Op.NUM_CHILDREN) or v.domain.name == "CHILD"
         for v in kernel.body.values
@@ -314,6 +327,8 @@ def _kernel_context(
         "steps": steps,
         "scratch_floats": offset_terms,
         "split": split.period if split is not None else 0,
+        "staged": staged,
+        "accumulates": any(c["kind"] in ("accum_outer", "accum_sum") and "acc" in c for c in steps),
     }
 
 

@@ -8,6 +8,7 @@ struct `cx_call`, from `abi.CALL_FIELDS`) and calls `cx_forward`.
 from __future__ import annotations
 
 import ctypes
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,24 @@ from cortexc.runtime.build import load_library
 from cortexc.runtime.linearize import Linearized
 
 _P = ctypes.c_void_p
+
+#: the cortexc setting that caps the threads of the compiled CPU code (below `OMP_NUM_THREADS`)
+THREADS_VARIABLE = "CORTEXC_NUM_THREADS"
+#: libgomp's spin count before a waiting thread sleeps, when the user sets no wait policy: its default
+#: (300000 spins, ~1 ms) makes every barrier cost a time slice when another process takes a core
+SPIN_COUNT = "10000"
+
+
+def _default_wait_policy() -> None:
+    """Bounded spinning at OpenMP barriers unless the user chose a policy (read when libgomp loads)."""
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["GOMP_SPINCOUNT"] = SPIN_COUNT
+
+
+def thread_cap() -> int:
+    """`CORTEXC_NUM_THREADS` as a positive int, or 0 (no cap of ours) when unset or not a positive int."""
+    text = os.environ.get(THREADS_VARIABLE, "").strip()
+    return int(text) if text.isdigit() and int(text) > 0 else 0
 
 
 def _pointers(arrays: Sequence[np.ndarray | None]) -> Any:
@@ -45,6 +64,7 @@ class CpuExecutor:
 
     def __init__(self, spec: Mapping[str, Any], library_path: Path):
         self.spec = spec
+        _default_wait_policy()
         self.lib = load_library(library_path)
         self._declare_entry_points()
         self._params: list[np.ndarray] = []
@@ -56,14 +76,23 @@ class CpuExecutor:
         if hasattr(self.lib, "cx_backward"):
             self.lib.cx_backward.argtypes = [ctypes.POINTER(CxCall), ctypes.POINTER(CxGrad)]
             self.lib.cx_backward.restype = ctypes.c_int
+        if hasattr(self.lib, "cx_set_num_threads"):
+            self.lib.cx_set_num_threads.argtypes = [ctypes.c_int]
+            self.lib.cx_set_num_threads.restype = None
+
+    def _set_threads(self) -> None:
+        if hasattr(self.lib, "cx_set_num_threads"):
+            self.lib.cx_set_num_threads(thread_cap())
 
     def _launch_forward(self, call: ctypes.Structure, lin: Linearized) -> None:
+        self._set_threads()
         if self.lib.cx_forward(ctypes.byref(call)) != 0:
             raise CortexcError("the compiled forward could not allocate its scratch memory")
 
     def _launch_backward(
         self, call: ctypes.Structure, grad: ctypes.Structure, lin: Linearized, upstream_mask: int
     ) -> None:
+        self._set_threads()
         if self.lib.cx_backward(ctypes.byref(call), ctypes.byref(grad)) != 0:
             raise CortexcError("the compiled backward could not allocate its scratch memory")
 

@@ -84,6 +84,31 @@ def _kahn_levels(num_children: np.ndarray, parent_ptr: np.ndarray, parent_idx: n
     return level
 
 
+def _tree_levels(parents: np.ndarray) -> np.ndarray | None:
+    """Levels of a forest of trees by pointer jumping: ~2 log2(depth) NumPy passes, whatever the depth.
+
+    ``jump`` holds each node's 2^k-th ancestor (-1 past its root) and ``level`` the longest path down
+    from each node over descendants less than 2^k steps below. Round k adds those exactly 2^k below:
+    ``level[jump[w]] = max(level[jump[w]], 2^k + level[w])``, then ``jump = jump[jump]``. None when the
+    parents have a cycle (some node never gets past a root), for the caller's message.
+    """
+    index = np.int32 if parents.size < 2**31 - 1 else np.int64
+    jump = parents.astype(index)
+    level = np.zeros(parents.size, np.int32)
+    active = np.flatnonzero(jump >= 0).astype(index)
+    step = 1
+    for _ in range(parents.size.bit_length() + 1):
+        if active.size == 0:
+            return level
+        up = jump[active]
+        np.maximum.at(level, up, level[active] + step)
+        after = jump[up]
+        jump[active] = after
+        active = active[after >= 0]
+        step *= 2
+    return None if active.size else level
+
+
 class Forest:
     """Trees or DAGs of a batch, flattened into integer arrays (read-only).
 
@@ -190,6 +215,8 @@ class Forest:
         has_parent = num_parents > 0
         parents[has_parent] = parent_idx[parent_ptr[:-1][has_parent]]
 
+        if level is None and (num_nodes == 0 or num_parents.max() <= 1):
+            level = _tree_levels(parents)
         if level is None:
             level = _kahn_levels(num_children, parent_ptr, parent_idx)
             unfinished = np.flatnonzero(level < 0)

@@ -1,0 +1,253 @@
+"""Chain LSTM: cortexc's compiled `examples/lstm.cell` against torch.nn.LSTM with the same weights.
+
+In one run, on B chains of T steps (one forest of B chains; torch gets the [T, B, X] batch), this
+times the forward (inference) and the forward + backward of both, quiet and then loaded: the benchmark
+starts one competing busy process (a Python spin loop), measures again, and stops it by its pid. It
+reports ms per call, cortexc's speed-up over torch (torch ms / cortexc ms) and loaded / quiet for each.
+
+With ``--baseline DIR`` (a checkout of an earlier cortexc, e.g. before the deterministic driver), the
+same cell compiled by that tree's templates is run by this runtime on the same forests, so the table
+gives this driver / that driver: on forests of large levels that is the cost of determinism (fixed
+tiles, chunked weight gradients, staged shared rows). A Tree-LSTM and a DAG-RNN on large random
+forests are added to that comparison.
+
+Usage (from the repository root)::
+
+    python benchmarks/bench_chain.py --threads 2
+    python benchmarks/bench_chain.py --threads 2 --baseline /tmp/cortexc-before --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def _parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--x", type=int, default=32)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--shapes", default="100x100,1000x10,1000x1", help="T x B, comma separated")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--no-load", action="store_true", help="skip the loaded run")
+    parser.add_argument("--baseline", type=Path, help="an earlier cortexc checkout to compare drivers with")
+    parser.add_argument("--json", type=Path)
+    return parser.parse_args()
+
+
+ARGS = _parse()
+os.environ.setdefault("OMP_NUM_THREADS", str(ARGS.threads))  # before any OpenMP library loads
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import cortexc  # noqa: E402
+from cortexc import Forest  # noqa: E402
+from cortexc.runtime.loader import import_package  # noqa: E402
+
+EXAMPLES = REPO / "examples"
+
+
+def median_ms(fn: Callable[[], Any], repeats: int) -> float:
+    return interleaved({"fn": fn}, repeats)["fn"]
+
+
+def interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+    """Median ms per call of each function, timed in turn within every repeat, so that a machine whose
+    load changes during the run (other jobs) weighs on all of them alike."""
+    for fn in fns.values():
+        fn()  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: 1e3 * statistics.median(values) for name, values in times.items()}
+
+
+def chains(length: int, count: int) -> Forest:
+    one = Forest.from_parents(np.append(np.arange(1, length), -1))
+    return Forest.concat([one] * count)
+
+
+class Busy:
+    """One competing busy process for the duration of a `with` block, stopped by its pid."""
+
+    def __enter__(self) -> Busy:
+        self.process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        time.sleep(0.3)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        os.kill(self.process.pid, 9)
+        self.process.wait()
+
+
+def chain_cases(module: Any, shapes: list[tuple[int, int]], rng: np.random.Generator) -> list[dict[str, Any]]:
+    """Per shape: the cortexc model and the torch layer with the same weights, and their inputs."""
+    X, H = ARGS.x, ARGS.hidden
+    model = module.LSTM(device="cpu", seed=0)
+    lstm = torch.nn.LSTM(X, H)
+    with torch.no_grad():
+        for name, attr in (("W_ih", "weight_ih_l0"), ("W_hh", "weight_hh_l0"), ("b_ih", "bias_ih_l0")):
+            getattr(lstm, attr).copy_(torch.from_numpy(np.array(model.params[name])))
+        lstm.bias_hh_l0.copy_(torch.from_numpy(np.array(model.params["b_hh"])))
+    cases = []
+    for T, B in shapes:
+        forest = chains(T, B)  # chain b is nodes b*T .. b*T + T - 1, in time order
+        x = rng.standard_normal((B * T, X)).astype(np.float32)
+        tx = torch.from_numpy(x.reshape(B, T, X).transpose(1, 0, 2).copy())
+        gh = rng.standard_normal((B * T, H)).astype(np.float32)
+        tgh = torch.from_numpy(gh.reshape(B, T, H).transpose(1, 0, 2).copy())
+        with torch.no_grad():
+            expected = lstm(tx)[0].numpy().transpose(1, 0, 2).reshape(B * T, H)
+        got = model(forest, x=x)["h"]
+        error = float(np.abs(got - expected).max() / np.abs(expected).max())
+        cases.append(
+            {"T": T, "B": B, "forest": forest, "x": x, "tx": tx, "gh": gh, "tgh": tgh, "error": error, "model": model}
+        )
+    return [dict(case, lstm=lstm) for case in cases]
+
+
+def chain_timings(case: dict[str, Any]) -> dict[str, float]:
+    model, lstm, forest, x, tx, gh, tgh = (case[k] for k in ("model", "lstm", "forest", "x", "tx", "gh", "tgh"))
+
+    def cortexc_fwd() -> None:
+        model(forest, x=x)
+
+    def cortexc_train() -> None:
+        model.backward(model(forest, grad=True, x=x), {"h": gh})
+
+    def torch_fwd() -> None:
+        with torch.no_grad():
+            lstm(tx)
+
+    def torch_train() -> None:
+        lstm.zero_grad()
+        lstm(tx)[0].backward(tgh)
+
+    fns = {"cortexc_fwd": cortexc_fwd, "torch_fwd": torch_fwd, "cortexc_train": cortexc_train}
+    return interleaved({**fns, "torch_train": torch_train}, ARGS.repeats)
+
+
+def baseline_package(source: Path, cell: str, defines: dict[str, int], out: Path) -> Path:
+    """The package of `cell` as the baseline checkout compiles it (its templates; run by this runtime)."""
+    code = (
+        "import sys, cortexc; from pathlib import Path; from cortexc.options import CompileOptions; "
+        "from cortexc.pipeline import write_package; "
+        f"p = Path({str(EXAMPLES / cell)!r}); "
+        f"print(write_package(p.read_text(), p.name, {str(out)!r}, CompileOptions.make(defines={defines!r})))"
+    )
+    env = dict(os.environ, PYTHONPATH=str(source))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def driver_cases(rng: np.random.Generator) -> list[tuple[str, str, dict[str, int], Forest]]:
+    """Forests of large levels, where the drivers differ only in how sums are ordered."""
+    return [
+        ("binary_treelstm", "binary_treelstm.cell", {"V": 1000, "X": 300, "H": 150, "C": 5},
+         Forest.random(500, rng=rng, binary=True, max_nodes=60)),
+        ("dagrnn", "dagrnn.cell", {"X": 64, "H": 128}, Forest.random_dag(20000, rng=rng)),
+    ]  # fmt: skip
+
+
+def driver_timings(ours: Any, base: Any, forest: Forest, rng: np.random.Generator) -> tuple[dict, dict]:
+    """Forward and forward + backward of the same cell from two packages, interleaved."""
+    models = [getattr(m, m.__all__[0])(device="cpu", seed=0) for m in (ours, base)]
+    inputs = {}
+    for decl in models[0].signature.inputs:
+        if decl.is_index:
+            inputs[decl.name] = rng.integers(0, decl.index_range, forest.num_nodes).astype(np.int32)
+        else:
+            inputs[decl.name] = rng.standard_normal((forest.num_nodes, *decl.shape)).astype(np.float32)
+    upstream = {k: np.ones_like(v) for k, v in models[0](forest, **inputs).items()}
+    fns: dict[str, Callable[[], Any]] = {}
+    for tag, model in zip(("this", "base"), models):
+        fns[f"{tag}_fwd"] = lambda m=model: m(forest, **inputs)
+        fns[f"{tag}_train"] = lambda m=model: m.backward(m(forest, grad=True, **inputs), upstream)
+    t = interleaved(fns, ARGS.repeats)
+    return ({"fwd": t["this_fwd"], "train": t["this_train"]}, {"fwd": t["base_fwd"], "train": t["base_train"]})
+
+
+def _both_forward(ours: Any, base: Any, forest: Forest, x: np.ndarray) -> dict[str, float]:
+    this_model, base_model = ours.LSTM(device="cpu", seed=0), base.LSTM(device="cpu", seed=0)
+    return interleaved({"this": lambda: this_model(forest, x=x), "base": lambda: base_model(forest, x=x)}, ARGS.repeats)
+
+
+def main() -> None:
+    torch.set_num_threads(ARGS.threads)
+    rng = np.random.default_rng(0)
+    shapes = [tuple(int(v) for v in s.split("x")) for s in ARGS.shapes.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="bench_chain_"))
+    module = cortexc.load(EXAMPLES / "lstm.cell", out_dir=work / "ours", X=ARGS.x, H=ARGS.hidden)
+    cases = chain_cases(module, shapes, rng)  # type: ignore[arg-type]
+    results: dict[str, Any] = {"threads": ARGS.threads, "X": ARGS.x, "H": ARGS.hidden, "chain": []}
+    quiet = [chain_timings(case) for case in cases]
+    loaded: list[dict[str, float] | None] = [None] * len(cases)
+    if not ARGS.no_load:
+        with Busy():
+            loaded = [chain_timings(case) for case in cases]
+    load = os.getloadavg()[0]
+    print(f"chain LSTM X={ARGS.x} H={ARGS.hidden}, {ARGS.threads} threads (cortexc and torch); ms per call")
+    print(
+        f"(median of {ARGS.repeats}, implementations interleaved; 1-min load average {load:.2f} on {os.cpu_count()} CPUs)"
+    )
+    header = f"{'T':>5} {'B':>4} {'what':<6} {'cortexc':>9} {'torch':>9} {'speed-up':>8}"
+    header += f" | {'loaded cx':>9} {'loaded th':>9} {'speed-up':>8} {'cx l/q':>7} {'th l/q':>7}"
+    print(header)
+    print("-" * len(header))
+    for case, q, ld in zip(cases, quiet, loaded):
+        row: dict[str, Any] = {"T": case["T"], "B": case["B"], "max_rel_err": case["error"], "quiet": q, "loaded": ld}
+        results["chain"].append(row)
+        for what in ("fwd", "train"):
+            cx, th = q[f"cortexc_{what}"], q[f"torch_{what}"]
+            line = f"{case['T']:>5} {case['B']:>4} {what:<6} {cx:>9.3f} {th:>9.3f} {th / cx:>7.2f}x"
+            if ld is not None:
+                lcx, lth = ld[f"cortexc_{what}"], ld[f"torch_{what}"]
+                line += f" | {lcx:>9.3f} {lth:>9.3f} {lth / lcx:>7.2f}x {lcx / cx:>6.2f}x {lth / th:>6.2f}x"
+            print(line)
+    print("max relative error of h vs torch: " + ", ".join(f"{c['error']:.1e}" for c in cases))
+
+    if ARGS.baseline is not None:
+        print(f"\nthis driver vs the baseline's ({ARGS.baseline}), same runtime and forests; ms per call")
+        print(f"{'cell':<16} {'what':<6} {'this':>9} {'baseline':>9} {'this/base':>9}")
+        results["driver"] = []
+        lstm_defines = {"X": ARGS.x, "H": ARGS.hidden}
+        base = import_package(baseline_package(ARGS.baseline, "lstm.cell", lstm_defines, work / "base"))
+        for T, B in shapes:
+            forest = chains(T, B)
+            x = rng.standard_normal((forest.num_nodes, ARGS.x)).astype(np.float32)
+            row = _both_forward(module, base, forest, x)
+            results["driver"].append({"cell": f"lstm T={T} B={B}", "fwd": row})
+            print(f"{f'lstm {T}x{B}':<16} {'fwd':<6} {row['this']:>9.3f} {row['base']:>9.3f} "
+                  f"{row['this'] / row['base']:>8.3f}x")  # fmt: skip
+        for name, cell, defines, forest in driver_cases(rng):
+            ours = cortexc.load(EXAMPLES / cell, out_dir=work / f"ours_{name}", **defines)
+            base = import_package(baseline_package(ARGS.baseline, cell, defines, work / f"base_{name}"))
+            this_t, base_t = driver_timings(ours, base, forest, rng)
+            results["driver"].append({"cell": name, "this": this_t, "base": base_t, "nodes": forest.num_nodes})
+            for what in ("fwd", "train"):
+                print(f"{name:<16} {what:<6} {this_t[what]:>9.3f} {base_t[what]:>9.3f} "
+                      f"{this_t[what] / base_t[what]:>8.3f}x")  # fmt: skip
+    if ARGS.json:
+        ARGS.json.write_text(json.dumps(results, indent=1, default=float))
+
+
+if __name__ == "__main__":
+    main()

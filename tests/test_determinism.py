@@ -1,0 +1,179 @@
+"""The compiled CPU code is bitwise reproducible: run to run, and between 1 and N threads.
+
+Every sum has one order whatever the threads (fixed tiles, weight gradients per chunk summed in chunk
+order, a DAG child's and an embedding row's gradient added in row order after each launch), so the
+forward and the backward of a forest are the same bits with 1, 2 or 3 threads. Thread counts are set
+through `OMP_NUM_THREADS` in fresh processes (libgomp reads it once). The forests have levels of many
+tiles (more than the chunks) and levels of one row, so the threads' shared and single-thread paths both
+run; the schedule is also checked against the interpreter on forests mixing tiny and huge levels.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import cortexc
+from cortexc import Forest
+from tests.helpers import EXAMPLES, REPO, compare_backward, random_inputs, relative_error, sst_path, twin_models
+
+#: cell file -> (defines, cell class); small dims so a forest of thousands of nodes runs fast
+CELLS = {
+    "dagrnn": ("dagrnn.cell", {"X": 12, "H": 20}),
+    "binary_treelstm": ("binary_treelstm.cell", {"V": 40, "X": 12, "H": 10, "C": 3}),
+}
+
+#: run in a fresh process: builds the forest and inputs from a seed, runs forward + backward `runs`
+#: times and prints a digest of every result of each run (states, outputs, gradients)
+WORKER = r"""
+import hashlib, json, sys
+import numpy as np
+import cortexc
+from cortexc import Forest
+
+package, seed, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+from pathlib import Path
+from cortexc.runtime.loader import import_package
+
+module = import_package(Path(package))
+cls = getattr(module, module.__all__[0])
+rng = np.random.default_rng(seed)
+model = cls(device="cpu", seed=seed)
+model.load_params({k: v + 0.1 * rng.standard_normal(v.shape).astype(np.float32) for k, v in model.params.items()})
+sig = model.signature
+if sig.structure.shares_children:
+    forest = Forest.random_dag(3000, rng=rng, max_children=3, max_parents=3)
+else:
+    forest = Forest.concat([Forest.random(300, rng=rng, binary=True, max_nodes=40),
+                            Forest.from_nested([[[[[1, 2], 3], 4], 5], [6, 7]])])
+inputs = {}
+for decl in sig.inputs:
+    if decl.is_index:
+        inputs[decl.name] = rng.integers(0, 8, forest.num_nodes).astype(np.int32)  # repeated rows
+    else:
+        inputs[decl.name] = rng.standard_normal((forest.num_nodes, *decl.shape)).astype(np.float32)
+out = model(forest, grad=True, **inputs)
+upstream = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in out.items()}
+digests = []
+for _ in range(runs):
+    out = model(forest, grad=True, **inputs)
+    grads = model.backward(out, upstream)
+    h = hashlib.sha256()
+    for name in sorted(out):
+        h.update(name.encode()); h.update(np.ascontiguousarray(out[name]).tobytes())
+    for name in sorted(grads):
+        h.update(name.encode()); h.update(np.ascontiguousarray(grads[name]).tobytes())
+    digests.append(h.hexdigest())
+print(json.dumps({"digests": digests}))
+"""
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory):
+    """Each cell's package, built once (its library cached under a module-wide CORTEXC_CACHE)."""
+    cache = tmp_path_factory.mktemp("cache")
+    os.environ["CORTEXC_CACHE"] = str(cache)  # the workers share it (restored below)
+    built = {}
+    try:
+        for key, (file, defines) in CELLS.items():
+            module = cortexc.load(EXAMPLES / file, out_dir=tmp_path_factory.mktemp(key), **defines)
+            cls = getattr(module, module.__all__[0])
+            cls(device="cpu")  # builds the library now, so the workers only load it
+            built[key] = (os.path.dirname(module.__file__), str(cache))
+    finally:
+        os.environ.pop("CORTEXC_CACHE", None)
+    return built
+
+
+def _digests(package: str, cache: str, threads: int, seed: int, runs: int) -> list[str]:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), CORTEXC_CACHE=cache, PYTHONPATH=str(REPO))
+    env.pop("CORTEXC_NUM_THREADS", None)
+    done = subprocess.run(
+        [sys.executable, "-c", WORKER, package, str(seed), str(runs)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])["digests"]
+
+
+@pytest.mark.parametrize("key", sorted(CELLS))
+def test_forward_and_backward_are_bitwise_equal_run_to_run_and_across_thread_counts(key, packages, rng):
+    package, cache = packages[key]
+    seed = int(rng.integers(0, 2**31))
+    two = _digests(package, cache, 2, seed, runs=5)
+    assert len(set(two)) == 1, f"{key}: 5 runs at 2 threads differ: {two}"
+    one = _digests(package, cache, 1, seed, runs=1)
+    three = _digests(package, cache, 3, seed, runs=1)
+    assert one[0] == two[0] == three[0], f"{key}: 1, 2 and 3 threads differ"
+
+
+# ------------------------------------------------- the schedule against the interpreter, tiny + huge levels
+
+
+def _chain(n: int) -> Forest:
+    return Forest.from_parents([i + 1 if i < n - 1 else -1 for i in range(n)])
+
+
+def _star(n: int) -> Forest:
+    return Forest.from_parents([n - 1] * (n - 1) + [-1])
+
+
+def _check(path, defines, forest, rng, tmp_path_factory, monkeypatch) -> None:
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    module = cortexc.load(path, out_dir=tmp_path_factory.mktemp("pkg"), **defines)
+    model, reference = twin_models(module, "cpu", 5, rng)
+    inputs = random_inputs(model.cell, forest, rng)
+    out, expected = model(forest, grad=True, **inputs), reference(forest, grad=True, **inputs)
+    for name, value in expected.items():
+        assert relative_error(out[name], value) < 1e-5, name
+    compare_backward(model, reference, out, expected, rng)
+
+
+def test_chains_short_and_long_against_the_interpreter(rng, tmp_path_factory, monkeypatch):
+    """Levels of one row (a long chain: no barrier) next to levels of hundreds (many short chains)."""
+    forest = Forest.concat([_chain(300)] + [_chain(int(n)) for n in rng.integers(1, 6, 400)])
+    _check(EXAMPLES / "lstm.cell", {"X": 7, "H": 9}, forest, rng, tmp_path_factory, monkeypatch)
+
+
+def test_stars_chains_and_trees_against_the_interpreter(rng, tmp_path_factory, monkeypatch):
+    """A level of 700 leaves under one root, chains, random trees: small and large levels interleaved."""
+    forest = Forest.concat([_star(700), _chain(60), Forest.random(50, rng=rng, max_nodes=30), _star(3)])
+    _check(EXAMPLES / "treelstm.cell", {"X": 6, "H": 8}, forest, rng, tmp_path_factory, monkeypatch)
+
+
+def test_sst_trees_against_the_interpreter(rng, tmp_path_factory, monkeypatch):
+    lines = sst_path("dev").read_text().splitlines()
+    start = int(rng.integers(0, len(lines) - 150))
+    forest = Forest.from_ptb(lines[start : start + 150])
+    defines = {"V": 30, "X": 8, "H": 6, "C": 5}
+    _check(EXAMPLES / "binary_treelstm.cell", defines, forest, rng, tmp_path_factory, monkeypatch)
+
+
+THREADS_WORKER = r"""
+import os, sys
+from pathlib import Path
+import numpy as np
+from cortexc import Forest
+from cortexc.runtime.loader import import_package
+
+module = import_package(Path(sys.argv[1]))
+model = getattr(module, module.__all__[0])(device="cpu", seed=0)
+model(Forest.random_dag(20, rng=0), x=np.zeros((20, 12), np.float32))
+lib = model._executor.lib
+print(lib.cx_num_threads(), os.environ.get("GOMP_SPINCOUNT"))
+"""
+
+
+@pytest.mark.parametrize(("cap", "expected"), [("", "3"), ("2", "2"), ("7", "3"), ("0", "3"), ("x", "3")])
+def test_cortexc_num_threads_caps_the_threads_and_waiting_is_bounded(cap, expected, packages):
+    package, cache = packages["dagrnn"]
+    env = dict(os.environ, OMP_NUM_THREADS="3", CORTEXC_CACHE=cache, PYTHONPATH=str(REPO), CORTEXC_NUM_THREADS=cap)
+    env.pop("GOMP_SPINCOUNT", None)
+    env.pop("OMP_WAIT_POLICY", None)
+    done = subprocess.run([sys.executable, "-c", THREADS_WORKER, package], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    threads, spin = done.stdout.split()
+    assert (threads, spin) == (expected, "10000")
