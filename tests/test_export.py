@@ -157,7 +157,16 @@ def test_save_and_load_params_as_safetensors(tmp_path, rng):
 
 def test_export_refuses_bad_params_and_writes_nothing(tmp_path, capsys):
     safetensors.save(tmp_path / "p.safetensors", {"W": np.zeros((2, 2), np.float32)})
-    status = main(["export", str(EXAMPLES / "treernn.cell"), "-o", str(tmp_path / "out"), "--params", str(tmp_path / "p.safetensors")])
+    status = main(
+        [
+            "export",
+            str(EXAMPLES / "treernn.cell"),
+            "-o",
+            str(tmp_path / "out"),
+            "--params",
+            str(tmp_path / "p.safetensors"),
+        ]
+    )
     err = capsys.readouterr().err
     assert status == 1 and len(err.strip().splitlines()) == 1 and "W" in err
     assert not (tmp_path / "out" / "treernn").exists()
@@ -252,7 +261,8 @@ def _bad_forests(rng, n: int):
     cases.append(("cycle", {"children_ptr": ptr, "children": cyc}, lambda c=cyc: Forest(ptr, c)))
     shared = idx.copy()
     shared[1] = shared[0]  # the first internal node reads its first child twice
-    cases.append(("child range", {"children_ptr": ptr, "children": np.where(idx == idx[0], m, idx)}, None))
+    far = np.where(idx == idx[0], m, idx)
+    cases.append(("child range", {"children_ptr": ptr, "children": far}, lambda: Forest(ptr, far)))
     cases.append(("two parents", {"children_ptr": ptr, "children": shared}, lambda: Forest(ptr, shared)))
     wide = np.concatenate([[-1], np.zeros(m - 1, np.int64)])
     cases.append(("arity", {"parents": wide}, lambda: Forest.from_parents(wide)))
@@ -266,14 +276,12 @@ def test_bad_forests_and_inputs_give_the_python_message(exported, rng, program):
         _make(exp.dir, f"{exp.name}_run_asan")
     sig = exp.cls.signature
     for name, tensors, build in _bad_forests(rng, int(rng.integers(5, 15)) * 2 + 1):
-        n = (tensors["parents"].size if "parents" in tensors else tensors["children_ptr"].size - 1)
+        n = tensors["parents"].size if "parents" in tensors else tensors["children_ptr"].size - 1
         inputs = random_inputs(sig, Forest.from_parents(-np.ones(n, np.int64)), rng)
         result, _ = exp.run({**tensors, **inputs}, program)
         assert result.returncode == 1, name
         lines = result.stderr.splitlines()
         assert len(lines) == 1, (name, result.stderr)
-        if build is None:
-            build = lambda t=tensors: Forest(t["children_ptr"].astype(np.int64), t["children"].astype(np.int64))
         assert lines[0] == f"{exp.name}_run: {_python_message(sig, build, inputs)}", name
     forest = Forest.random(3, rng=rng, binary=True)
     good = {"parents": forest.parents.astype(np.int32), **random_inputs(sig, forest, rng)}
@@ -295,7 +303,7 @@ def test_bad_forests_and_inputs_give_the_python_message(exported, rng, program):
     safetensors.save(case, good)
     files = exp.dir / "test"
     (files / "cut.safetensors").write_bytes(case.read_bytes()[:-3])
-    (files / "junk.safetensors").write_bytes(b"\x10\0\0\0\0\0\0\0{\"a\": [1, 2}    ")
+    (files / "junk.safetensors").write_bytes(b'\x10\0\0\0\0\0\0\0{"a": [1, 2}    ')
     safetensors.save(files / "wrong.safetensors", {"W": np.zeros((3, 3), np.float32)})
     binary = str(exp.dir / f"{exp.name}{program}")
     params = str(exp.dir / "params.safetensors")
@@ -409,7 +417,9 @@ def test_cpp_serving_example_classifies_trees(tmp_path):
     program = tmp_path / "classify"
     # two trees: ((0 1) 2) and (3 4), as parent arrays with word ids at the leaves
     lines = "4 4 3 -1 3 : 1 2 7 0 0\n-1 0 0 : 0 5 9\n"
-    run = subprocess.run([str(program), str(directory / "params.safetensors")], input=lines, capture_output=True, text=True)
+    run = subprocess.run(
+        [str(program), str(directory / "params.safetensors")], input=lines, capture_output=True, text=True
+    )
     assert run.returncode == 0, run.stderr
     module = cortexc.load(EXAMPLES / "binary_treelstm.cell", tmp_path / "py", V=50, X=16, H=8)
     model = module.BinaryTreeLSTM(device="interp")
@@ -421,5 +431,7 @@ def test_cpp_serving_example_classifies_trees(tmp_path):
         logits = model(forest, word=words.astype(np.int32))["logits"]
         labels.append(int(np.argmax(logits[forest.roots[0]])))
     assert [int(line.split()[-1]) for line in run.stdout.splitlines()] == labels
-    bad = subprocess.run([str(program), str(directory / "params.safetensors")], input="0 : 1\n", capture_output=True, text=True)
+    bad = subprocess.run(
+        [str(program), str(directory / "params.safetensors")], input="0 : 1\n", capture_output=True, text=True
+    )
     assert bad.returncode == 1 and "node 0 is its own parent" in bad.stderr

@@ -68,9 +68,19 @@ def cell_context(cell: Cell, program: Program) -> dict[str, Any]:
             parts[-1]["row0"] = row0
             row0 += rows
         packed.append({"m": weight.m, "k": weight.k, "parts": parts})
-    states = [{"name": s.name, "shape": list(s.shape), "width": _width(s.shape)} for s in cell.states]
-    outputs = [
-        {"name": o.name, "shape": list(o.shape), "width": _width(o.shape), "at_root": o.at_root} for o in cell.outputs
+    states: list[dict[str, Any]] = [
+        {"name": s.name, "shape": list(s.shape), "width": _width(s.shape), "shape_text": _shape_text(s.shape)}
+        for s in cell.states
+    ]
+    outputs: list[dict[str, Any]] = [
+        {
+            "name": o.name,
+            "shape": list(o.shape),
+            "width": _width(o.shape),
+            "at_root": o.at_root,
+            "shape_text": _shape_text(o.shape),
+        }
+        for o in cell.outputs
     ]
     return {
         "name": cell.name,
@@ -102,8 +112,8 @@ def cell_context(cell: Cell, program: Program) -> dict[str, Any]:
         ],
         "states": states,
         "outputs": outputs,
-        "results": [{**s, "kind": "state", "at_root": False, "shape_text": _shape_text(tuple(s["shape"]))} for s in states]
-        + [{**o, "kind": "output", "shape_text": _shape_text(tuple(o["shape"]))} for o in outputs],
+        "results": [{**s, "kind": "state", "at_root": False} for s in states]
+        + [{**o, "kind": "output"} for o in outputs],
         "packed": packed,
         "hoisted_widths": [width(cell.pre.values[i]) for _, i in cell.pre.named_results] if cell.pre else [],
     }
@@ -179,7 +189,7 @@ def _params(cells: list[Cell], params_file: str | os.PathLike[str] | None) -> di
         return {name: init_params(sig, 0) for name, sig in signatures.items()}
     given = read_params_file(params_file)
     if len(cells) == 1:
-        (name, sig), = signatures.items()
+        ((name, sig),) = signatures.items()
         return {name: check_params(sig, given)}
     split: dict[str, dict[str, np.ndarray]] = {name: {} for name in signatures}
     for key, value in given.items():
@@ -233,7 +243,9 @@ def _test_data(cell: Cell, params: Mapping[str, np.ndarray]) -> tuple[dict[str, 
         try:
             built = build()
             check_forest(cell, built)
-            check_inputs(cell, built, {k: v for k, v in tensors.items() if k not in ("parents", "children_ptr", "children")})
+            check_inputs(
+                cell, built, {k: v for k, v in tensors.items() if k not in ("parents", "children_ptr", "children")}
+            )
         except CortexcError as err:
             message: str | None = f"{cell.name}_run: {err}"
         else:
@@ -272,9 +284,33 @@ def _test_data(cell: Cell, params: Mapping[str, np.ndarray]) -> tuple[dict[str, 
             rows[decl.name] = rows[decl.name][:2]
             bad(f"{decl.name}_rows", {"parents": chain, **rows}, lambda: Forest.from_parents(chain))
     prefix = f"test/{cell.name}"
-    cases.append(BadCase("missing_inputs", f"{prefix}.no_such_file.safetensors", "params.safetensors", "test/bad.out.safetensors", None))
-    cases.append(BadCase("truncated_params", f"{prefix}.inputs.safetensors", "test/truncated.safetensors", "test/bad.out.safetensors", None))
-    cases.append(BadCase("unwritable_outputs", f"{prefix}.inputs.safetensors", "params.safetensors", "test/no/such/dir/out.safetensors", None))
+    cases.append(
+        BadCase(
+            "missing_inputs",
+            f"{prefix}.no_such_file.safetensors",
+            "params.safetensors",
+            "test/bad.out.safetensors",
+            None,
+        )
+    )
+    cases.append(
+        BadCase(
+            "truncated_params",
+            f"{prefix}.inputs.safetensors",
+            "test/truncated.safetensors",
+            "test/bad.out.safetensors",
+            None,
+        )
+    )
+    cases.append(
+        BadCase(
+            "unwritable_outputs",
+            f"{prefix}.inputs.safetensors",
+            "params.safetensors",
+            "test/no/such/dir/out.safetensors",
+            None,
+        )
+    )
     return files, cases
 
 

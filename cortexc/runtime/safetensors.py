@@ -48,7 +48,11 @@ def save(path: str | os.PathLike[str], tensors: Mapping[str, np.ndarray]) -> Non
         if dtype not in _NAMES:
             raise InputError(f"tensor {name}: safetensors files hold {', '.join(DTYPES)} here, not {array.dtype}")
         blob = np.ascontiguousarray(array, dtype=dtype).tobytes()
-        header[name] = {"dtype": _NAMES[dtype], "shape": list(array.shape), "data_offsets": [offset, offset + len(blob)]}
+        header[name] = {
+            "dtype": _NAMES[dtype],
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + len(blob)],
+        }
         blobs.append(blob)
         offset += len(blob)
     text = json.dumps(header, separators=(",", ":")).encode()
