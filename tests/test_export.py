@@ -350,6 +350,8 @@ def test_make_test_passes_in_the_exported_directory(tmp_path, example):
     result = subprocess.run(["make", "-s", "-C", str(directory), "test"], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "all passed" in result.stdout and "FAIL" not in result.stdout
+    assert "2 threads on one model" in result.stdout and "caller-owned arrays" in result.stdout
+    assert result.stdout.count("_run_asan") >= 8  # the sanitized program ran on the good and bad cases
 
 
 def test_make_test_fails_on_wrong_expected_outputs(tmp_path):
@@ -374,6 +376,17 @@ def test_threads_on_one_model(exported, rng):
     command += [str(files / "t.inputs.safetensors"), str(files / "t.expected.safetensors"), "4", "5"]
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+    create = [str(exp.dir / f"{exp.name}_check"), "create", str(exp.dir / "params.safetensors")]
+    create += [str(files / "t.inputs.safetensors"), str(files / "t.expected.safetensors")]
+    result = subprocess.run(create, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr  # a model from caller-owned arrays, freed before the forward
+    partial = dict(exp.params)
+    dropped = sorted(partial)[0]
+    del partial[dropped]
+    safetensors.save(files / "partial.safetensors", partial)
+    create[2] = str(files / "partial.safetensors")
+    result = subprocess.run(create, capture_output=True, text=True)
+    assert result.returncode == 1 and f"missing params for cell {exp.name}: {dropped}" in result.stderr
     wrong = dict(expected)
     wrong["c"] = wrong["c"] + 1.0
     safetensors.save(files / "t.expected.safetensors", wrong)
