@@ -305,6 +305,7 @@ def test_bad_forests_and_inputs_give_the_python_message(exported, rng, program):
     (files / "cut.safetensors").write_bytes(case.read_bytes()[:-3])
     (files / "junk.safetensors").write_bytes(b'\x10\0\0\0\0\0\0\0{"a": [1, 2}    ')
     safetensors.save(files / "wrong.safetensors", {"W": np.zeros((3, 3), np.float32)})
+    (files / "o.safetensors").unlink(missing_ok=True)
     binary = str(exp.dir / f"{exp.name}{program}")
     params = str(exp.dir / "params.safetensors")
     for arguments in (
@@ -319,6 +320,25 @@ def test_bad_forests_and_inputs_give_the_python_message(exported, rng, program):
         assert result.returncode == 1 and len(result.stderr.splitlines()) == 1, (arguments, result.stderr)
         assert "Sanitizer" not in result.stderr and "runtime error" not in result.stderr
     assert not (files / "o.safetensors").exists()
+    # damaged INPUTS files (bytes of the header and data flipped, cut anywhere): exit 0 or 1, never a crash
+    data = case.read_bytes()
+    header = 8 + int.from_bytes(data[:8], "little")
+    for trial in range(12):
+        damaged = bytearray(data)
+        if trial % 3 == 2:
+            damaged = damaged[: int(rng.integers(0, len(data)))]
+        else:
+            for at in rng.integers(0, header if trial % 3 == 0 else len(data), 4):
+                damaged[int(at)] = int(rng.integers(0, 256))
+        (files / "damaged.safetensors").write_bytes(bytes(damaged))
+        result = subprocess.run(
+            [binary, params, str(files / "damaged.safetensors"), str(files / "fuzz.out.safetensors")],
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode in (0, 1), result.stderr
+        assert "Sanitizer" not in result.stderr and "runtime error" not in result.stderr, result.stderr
+        assert result.returncode == 0 or len(result.stderr.splitlines()) == 1, result.stderr
 
 
 def test_dag_cell_accepts_shared_children_and_refuses_cycles(exported, rng):
@@ -346,7 +366,9 @@ def test_dag_cell_accepts_shared_children_and_refuses_cycles(exported, rng):
 
 @pytest.mark.parametrize("example", ["treernn", "dagrnn"])
 def test_make_test_passes_in_the_exported_directory(tmp_path, example):
-    directory = export(EXAMPLES / f"{example}.cell", tmp_path, EXAMPLE_DIMS[example])
+    defines = [f"-D{name}={value}" for name, value in EXAMPLE_DIMS[example].items()]
+    assert main(["export", str(EXAMPLES / f"{example}.cell"), "-o", str(tmp_path), *defines]) == 0
+    directory = tmp_path / example
     result = subprocess.run(["make", "-s", "-C", str(directory), "test"], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "all passed" in result.stdout and "FAIL" not in result.stdout
