@@ -335,10 +335,11 @@ def test_bad_forests_and_inputs_give_the_python_message(exported, rng, program):
             [binary, params, str(files / "damaged.safetensors"), str(files / "fuzz.out.safetensors")],
             capture_output=True,
             text=True,
+            errors="replace",  # a damaged tensor name is echoed as the file has it
         )
         assert result.returncode in (0, 1), result.stderr
         assert "Sanitizer" not in result.stderr and "runtime error" not in result.stderr, result.stderr
-        assert result.returncode == 0 or len(result.stderr.splitlines()) == 1, result.stderr
+        assert result.returncode == 0 or result.stderr.count("\n") == 1, result.stderr
 
 
 def test_dag_cell_accepts_shared_children_and_refuses_cycles(exported, rng):
