@@ -206,7 +206,8 @@ def main() -> None:
     load = os.getloadavg()[0]
     print(f"chain LSTM X={ARGS.x} H={ARGS.hidden}, {ARGS.threads} threads (cortexc and torch); ms per call")
     print(
-        f"(median of {ARGS.repeats}, implementations interleaved; 1-min load average {load:.2f} on {os.cpu_count()} CPUs)"
+        f"(median of {ARGS.repeats}, implementations interleaved; "
+        f"1-min load average {load:.2f} on {os.cpu_count()} CPUs)"
     )
     header = f"{'T':>5} {'B':>4} {'what':<6} {'cortexc':>9} {'torch':>9} {'speed-up':>8}"
     header += f" | {'loaded cx':>9} {'loaded th':>9} {'speed-up':>8} {'cx l/q':>7} {'th l/q':>7}"

@@ -1,4 +1,4 @@
-"""The `cortexc` command line: check and run `.cell` files.
+"""The `cortexc` command line: check, compile, export and run `.cell` files.
 
 Every user error (a bad `.cell` file, a bad forest, bad `-D`) is printed as a
 located message on stderr with exit status 1 and no traceback.
@@ -87,6 +87,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
     package = write_package(source, args.file, args.out, options)
     files = ", ".join(sorted(p.name for p in package.iterdir()))
     print(f"wrote {package}/ ({files})")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from cortexc.codegen.export import export
+
+    directory = export(args.file, args.out, parse_defines(args.define), args.params)
+    files = ", ".join(sorted(p.name for p in directory.iterdir() if p.is_file()))
+    print(f"wrote {directory}/ ({files}); build with: make -C {directory}")
     return 0
 
 
@@ -214,6 +223,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="where split mode keeps its weight slices (default: shared memory when they fit)",
     )
     comp.set_defaults(func=cmd_compile)
+
+    exp = sub.add_parser("export", help="write a C library, a _run program per cell and a Makefile (no Python to run)")
+    common(exp)
+    exp.add_argument("-o", "--out", default="dist", metavar="DIR", help="where <stem>/ goes (default dist/)")
+    exp.add_argument(
+        "--params",
+        metavar="FILE",
+        help="trained params (.npz or .safetensors; <Cell>.<name> in a file of several cells); default Cell(seed=0)'s",
+    )
+    exp.set_defaults(func=cmd_export)
 
     run = sub.add_parser("run", help="run a cell compiled and eager over PTB trees (or a built-in forest)")
     common(run)

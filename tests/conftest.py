@@ -53,6 +53,19 @@ NVCC = {
 }
 SLOW = {
     "test_determinism.py",  # fresh processes per thread count, forests of thousands of nodes
+    "test_export.py::test_run_matches_python_on_random_trees",  # export + make: a C build per example
+    "test_export.py::test_run_matches_python_on_chains",
+    "test_export.py::test_run_matches_python_on_dags",
+    "test_export.py::test_run_matches_python_on_child_sum_trees_and_mvrnn",
+    "test_export.py::test_run_matches_python_on_sst_trees",
+    "test_export.py::test_run_on_an_empty_forest",
+    "test_export.py::test_bad_forests_and_inputs_give_the_python_message",
+    "test_export.py::test_dag_cell_accepts_shared_children_and_refuses_cycles",
+    "test_export.py::test_make_test_passes_in_the_exported_directory",
+    "test_export.py::test_make_test_fails_on_wrong_expected_outputs",
+    "test_export.py::test_threads_on_one_model",
+    "test_export.py::test_a_file_of_two_cells_links_into_one_library",
+    "test_export.py::test_cpp_serving_example_classifies_trees",
     "test_invented_cells.py",  # one build per invented cell and device
     "test_cli.py::test_run_on_sst_trees",
     "test_compiled.py::test_all_of_sst_train_in_one_call",

@@ -28,7 +28,7 @@ from cortexc.errors import CortexcError, InputError
 from cortexc.runtime.backends import BACKENDS, ExecutorRequest, backend
 from cortexc.runtime.executor import Executor
 from cortexc.runtime.forest import Forest
-from cortexc.runtime.params import check_params, init_params
+from cortexc.runtime.params import check_params, init_params, write_params_file
 from cortexc.runtime.signature import CellSignature
 from cortexc.runtime.validate import check_forest, check_inputs
 
@@ -118,14 +118,15 @@ class CellModel:
         return MappingProxyType(self._params)
 
     def load_params(self, params: Mapping[str, np.ndarray] | str | os.PathLike) -> None:
-        """Replace some or all params (a dict or an `.npz` path); every shape is checked."""
+        """Replace some or all params (a dict, an `.npz` or a `.safetensors` path); every shape is checked."""
         checked = check_params(self.signature, params, partial=True)
         self._params = _frozen({**self._params, **checked})
         if self._executor is not None:
             self._executor.set_params(self._params)
 
     def save_params(self, path: str | os.PathLike[str]) -> None:
-        np.savez(path, **self._params)  # type: ignore[arg-type]  # numpy's stub types **kwds as savez's flags
+        """Write every param to an `.npz` file, or a `.safetensors` one (what `cortexc export` reads)."""
+        write_params_file(path, self._params)
 
     # --- running ----------------------------------------------------------------
     def __call__(self, forest: Forest, grad: bool = False, host: bool = True, **inputs: Any) -> Outputs:

@@ -50,14 +50,13 @@ def check_params(
     partial: bool = False,
     dtype: type = np.float32,
 ) -> dict[str, np.ndarray]:
-    """Params by name (or an `.npz` path) as contiguous arrays, every shape checked.
+    """Params by name (or an `.npz` or `.safetensors` path) as contiguous arrays, every shape checked.
 
     With ``partial`` only the given names are checked (for `load_params` of a subset).
     """
     cell = signature(cell)
     if isinstance(params, str | os.PathLike):
-        with np.load(params) as archive:
-            params = {name: archive[name] for name in archive.files}
+        params = read_params_file(params)
     declared = {decl.name: decl for decl in cell.params}
     unknown = sorted(set(params) - set(declared))
     if unknown:
@@ -74,3 +73,23 @@ def check_params(
             raise InputError(f"param {name} must be a float array, got dtype {array.dtype}")
         checked[name] = np.ascontiguousarray(array, dtype=dtype)
     return checked
+
+
+def read_params_file(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """Every array of an `.npz` or (by its suffix) `.safetensors` file, by name."""
+    from cortexc.runtime import safetensors
+
+    if safetensors.is_safetensors(path):
+        return safetensors.load(path)
+    with np.load(path) as archive:
+        return {name: archive[name] for name in archive.files}
+
+
+def write_params_file(path: str | os.PathLike[str], params: Mapping[str, np.ndarray]) -> None:
+    """Params to an `.npz` or (by its suffix) `.safetensors` file; what `read_params_file` reads back."""
+    from cortexc.runtime import safetensors
+
+    if safetensors.is_safetensors(path):
+        safetensors.save(path, params)
+    else:
+        np.savez(path, **params)  # type: ignore[arg-type]  # numpy's stub types **kwds as savez's flags
