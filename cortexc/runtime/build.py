@@ -2,19 +2,27 @@
 
 The cache key is the hash of the source, the compiler flags, the
 compiler's version and the target CPU, so changed code, flags, compiler or
-machine always rebuild and stale or foreign code is never loaded. Builds go to a temporary name and are renamed
-into place, so a failed or concurrent build never leaves a broken library.
+machine always rebuild and stale or foreign code is never loaded. Every
+cached library ends in a trailer holding its key and the digest of its bytes,
+checked before `dlopen` (a damaged file can crash the loader): a truncated,
+overwritten or foreign file, or anything else in its place, is rebuilt.
+Builds go to a scratch directory and are renamed into place, so a failed,
+killed or concurrent build never leaves a broken library; scratch left by a
+killed build is removed by a later one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from cortexc.errors import BuildError
@@ -45,11 +53,60 @@ def cache_dir() -> Path:
     return path
 
 
+#: what each compiler is needed for, named when it is missing
+NEEDED_FOR = {"gcc": "gcc for device='cpu'", "g++": "g++ for device='cuda-emu'", "nvcc": "nvcc for device='cuda'"}
+
+#: a build (or `--version`) running longer than this is killed; CORTEXC_BUILD_TIMEOUT overrides it (seconds)
+BUILD_TIMEOUT = 900.0
+
+#: the end of every cached library: MAGIC, the 24-character key, sha256(everything before + key)
+TRAILER_MAGIC = b"\0cortexc-library-v1\0"
+TRAILER_SIZE = len(TRAILER_MAGIC) + 24 + 32
+
+SCRATCH_PREFIX = ".build-"
+
+
+def build_timeout() -> float:
+    text = os.environ.get("CORTEXC_BUILD_TIMEOUT", "")
+    try:
+        value = float(text) if text else BUILD_TIMEOUT
+    except ValueError:
+        raise BuildError(f"CORTEXC_BUILD_TIMEOUT={text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise BuildError(f"CORTEXC_BUILD_TIMEOUT={text!r} must be positive")
+    return value
+
+
+def run_tool(command: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run a compiler with the build timeout; on timeout its whole process group (cc1, as, ld) is killed."""
+    timeout = build_timeout()
+    try:
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+    except OSError as err:
+        raise BuildError(f"cannot run {command[0]!r}: {err.strerror or err}") from None
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except BaseException as err:  # the timeout, or Ctrl-C: never leave a compiler running
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        if isinstance(err, subprocess.TimeoutExpired):
+            raise BuildError(
+                f"{command[0]!r} did not finish within {timeout:g} s and was stopped "
+                "(set CORTEXC_BUILD_TIMEOUT to allow longer builds)"
+            ) from None
+        raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
 @functools.cache
 def compiler_version(compiler: str) -> str:
     if shutil.which(compiler) is None:
-        raise BuildError(f"the C compiler {compiler!r} was not found on PATH (cortexc needs gcc for device='cpu')")
-    result = subprocess.run([compiler, "--version"], capture_output=True, text=True)
+        needed = NEEDED_FOR.get(Path(compiler).name, f"{compiler!r}")
+        raise BuildError(f"the C compiler {compiler!r} was not found on PATH (cortexc needs {needed})")
+    result = run_tool([compiler, "--version"])
     return result.stdout.strip() or compiler  # all of it: nvcc puts its version on the last line
 
 
@@ -57,7 +114,7 @@ def compiler_version(compiler: str) -> str:
 def native_target(compiler: str) -> str:
     """What `-march=native` means on this machine, as the compiler resolves it (the CPU's features):
     a cache shared between machines never hands one CPU's binary to another."""
-    result = subprocess.run([compiler, "-march=native", "-Q", "--help=target"], capture_output=True, text=True)
+    result = run_tool([compiler, "-march=native", "-Q", "--help=target"])
     return result.stdout if result.returncode == 0 else ""
 
 
@@ -80,27 +137,101 @@ def build_shared(
     compiler: str | None = None,
     flags: tuple[str, ...] = C_FLAGS,
 ) -> Path:
-    """The path of the shared library built from `source` (from the cache when it is there).
+    """The path of the shared library built from `source` (from the cache when it is there), loaded once
+    to prove it loads (`load_library` then returns that handle).
 
-    `source_path` is where the generated source lives for the user (named in errors).
+    `source_path` is where the generated source lives for the user (named in errors). A cached file
+    that fails its check or does not load is built again.
     """
     compiler = compiler or os.environ.get("CC", "gcc")
     key = build_key(source, flags, compiler)
     directory = cache_dir()
     library = directory / f"{name}-{key}.so"
-    if library.exists():
-        return library
-    with tempfile.TemporaryDirectory(dir=directory) as scratch:
-        c_file = Path(scratch) / f"{name}.c"
+    if verify_library(library, key):
+        try:
+            load_library(library)
+            return library
+        except OSError:
+            pass  # right bytes but it does not load here (a library it needs changed): build it again
+    _remove_stale_scratch(directory)
+    _build(source, name, source_path, compiler, flags, key, library)
+    try:
+        load_library(library)
+    except OSError as err:
+        raise BuildError(f"the library built from the generated C of {name} does not load: {err}") from None
+    return library
+
+
+def verify_library(path: Path, key: str) -> bool:
+    """Whether `path` is a regular file ending in the trailer of `key` whose digest matches its bytes."""
+    try:
+        with open(path, "rb") as handle:  # follows a symlink, as dlopen would; a directory raises
+            data = handle.read()
+    except OSError:
+        return False
+    if len(data) <= TRAILER_SIZE:
+        return False
+    body, trailer = data[:-TRAILER_SIZE], data[-TRAILER_SIZE:]
+    return trailer == _trailer(body, key)
+
+
+def _trailer(body: bytes, key: str) -> bytes:
+    encoded = key.encode("ascii")
+    return TRAILER_MAGIC + encoded + hashlib.sha256(body + encoded).digest()
+
+
+def _build(
+    source: str,
+    name: str,
+    source_path: str | os.PathLike | None,
+    compiler: str,
+    flags: tuple[str, ...],
+    key: str,
+    library: Path,
+) -> None:
+    """Compile in a scratch directory of the cache, append the trailer, rename the library into place."""
+    scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{name}-", dir=library.parent))
+    try:
+        c_file = scratch / f"{name}.c"
         c_file.write_text(source, encoding="utf-8")
-        output = Path(scratch) / "out.so"
-        command = [compiler, *flags, "-o", str(output), str(c_file), *C_LIBS]
-        result = subprocess.run(command, capture_output=True, text=True)
+        output = scratch / "out.so"
+        result = run_tool([compiler, *flags, "-o", str(output), str(c_file), *C_LIBS])
         if result.returncode != 0:
             shown = source_path or f"C source of {name} (not kept: nothing failed is cached)"
-            raise BuildError(f"compiling the generated {shown} failed:\n{result.stderr.strip()}")
+            detail = result.stderr.strip() or result.stdout.strip() or "(it printed nothing)"
+            raise BuildError(
+                f"compiling the generated {shown} failed: {compiler} exited with status {result.returncode}:\n{detail}"
+            )
+        try:
+            body = output.read_bytes()
+        except OSError:
+            raise BuildError(f"{compiler} reported success but wrote no library for {name}") from None
+        with open(output, "ab") as handle:
+            handle.write(_trailer(body, key))
+        if library.is_dir() and not library.is_symlink():
+            shutil.rmtree(library, ignore_errors=True)  # a directory in the library's place cannot be replaced
         os.replace(output, library)
-    return library
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _remove_stale_scratch(directory: Path) -> None:
+    """Remove scratch directories older than any live build could be (left by a killed process)."""
+    limit = time.time() - build_timeout() - 60
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        legacy = entry.name.startswith("tmp") and len(entry.name) == 11  # tempfile's names, before .build-
+        if not (entry.name.startswith(SCRATCH_PREFIX) or legacy):
+            continue
+        try:
+            stale = entry.is_dir() and not entry.is_symlink() and entry.stat().st_mtime < limit
+        except OSError:
+            continue
+        if stale:
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 @functools.cache
