@@ -119,11 +119,13 @@ class CpuExecutor:
         for out in self.spec["outputs"]:
             rows = len(lin.roots) if out["at_root"] else n
             outputs.append(np.empty((rows, *out["shape"]), np.float32))
-        input_arrays = [inputs[name] for name in abi["inputs"]]
+        # kept for a backward: the inputs are copied (they may be the caller's arrays) and the states returned
+        # as copies, so editing either afterwards cannot change the gradients (one copy of each, O(N * width))
+        input_arrays = [inputs[name].copy() if keep else inputs[name] for name in abi["inputs"]]
         call, _tables = self._call(lin, input_arrays, states, hoisted, outputs)
         if n:
             self._launch_forward(call, lin)
-        result = {name: state[:n] for name, state in zip(abi["states"], states)}
+        result = {name: state[:n].copy() if keep else state[:n] for name, state in zip(abi["states"], states)}
         result.update(zip(abi["outputs"], outputs))
         return result, (Saved(lin, input_arrays, states, hoisted) if keep else None)
 

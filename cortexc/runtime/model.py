@@ -42,9 +42,11 @@ DEVICES = tuple(BACKENDS)
 
 
 class Outputs(dict):
-    """A model's results by name; with ``grad=True`` it also carries what `backward` needs."""
+    """A model's results by name; with ``grad=True`` it also carries what `backward` needs, and which
+    model made it (only that model's `backward` takes it: another's saved layout differs)."""
 
     saved: tuple | None = None
+    made_by: object | None = None
 
 
 class _CompiledCell:
@@ -119,13 +121,22 @@ class CellModel:
         result = Outputs(out)
         if grad:
             result.saved = (forest, checked, {s.name: out[s.name] for s in self.signature.states}, kept)
+            result.made_by = self
         return result
 
     def backward(self, out: Outputs, upstream: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Gradients of every param and every float input, given upstream gradients of outputs/states."""
+        """Gradients of every param and every float input, given upstream gradients of outputs/states.
+
+        The result must come from this model's `__call__` with ``grad=True``; editing its arrays (or the
+        inputs given to the call) afterwards does not change the gradients: the executors keep copies."""
         saved = getattr(out, "saved", None)
         if saved is None:
             raise CortexcError("backward needs the result of model(forest, grad=True, ...)")
+        if out.made_by is not self:
+            raise InputError(
+                f"backward was given the result of another model ({out.made_by!r}); only the model that "
+                "made a result can take its gradient"
+            )
         forest, inputs, states, kept = saved
         checked = {}
         for name, grad in upstream.items():
