@@ -579,6 +579,69 @@ def test_concurrent_loads_of_the_same_cell(tmp_path, monkeypatch, cell_files):
     assert all(code == 0 for code, _ in reports), reports
 
 
+@pytest.mark.parametrize("cache", ["cold", "warm"])
+def test_threads_loading_the_same_cell_all_get_its_classes(cache, tmp_path, monkeypatch, cell_files):
+    """The package module is in sys.modules before it has run: no thread may take it from there half-made."""
+    import threading
+
+    cell = f"Threads{cache.title()}"  # a cell of its own: a module name never imported before
+    path = write_cell(cell_files, TINY.replace("Tiny", cell), f"threads_{cache}")
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path / cache))
+    if cache == "warm":
+        # built and installed by another process: on disk, not in this one's sys.modules
+        script = f"import cortexc; cortexc.load({str(path)!r}, {str(tmp_path / 'warm-out')!r})"
+        subprocess.run([sys.executable, "-c", script], cwd=REPO, check=True)
+    from cortexc.runtime import model
+
+    real_load_package = model.load_package
+
+    def slow_load_package(directory):  # what the package runs, made slow: the window in which it is half-made
+        time.sleep(0.2)
+        return real_load_package(directory)
+
+    monkeypatch.setattr(model, "load_package", slow_load_package)
+    start = threading.Barrier(4)
+    results: list[object] = []
+
+    def load() -> None:
+        start.wait()
+        try:
+            results.append(getattr(cortexc.load(path, tmp_path / f"{cache}-out"), cell))
+        except Exception as err:  # noqa: BLE001 - every failure is reported
+            results.append(err)
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(isinstance(r, type) for r in results), results
+    assert len(set(results)) == 1
+
+
+def test_an_identical_package_that_appears_meanwhile_is_never_moved(tmp_path, monkeypatch):
+    """Two writers into one empty cache: the second must not move the first's package (being imported) aside."""
+    from cortexc.codegen import module
+
+    files = {"__init__.py": "X = 1\n", "cell.json": "{}\n"}
+    installed = module._install(tmp_path, "pkg", files)
+    inode = installed.stat().st_ino
+    real = module._same_contents
+    looks = []
+
+    def late_look(directory, contents):  # the second writer's first look found nothing: the first was not done
+        looks.append(directory)
+        return len(looks) > 1 and real(directory, contents)
+
+    monkeypatch.setattr(module, "_same_contents", late_look)
+    assert module._install(tmp_path, "pkg", files) == installed
+    assert installed.stat().st_ino == inode
+    assert [p.name for p in tmp_path.iterdir()] == ["pkg"]
+    other = {"__init__.py": "X = 2\n", "cell.json": "{}\n"}  # a different package is replaced
+    assert (module._install(tmp_path, "pkg", other) / "__init__.py").read_text() == "X = 2\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["pkg"]
+
+
 def test_compiled_package_directory_is_readable_by_others(tmp_path):
     """`cortexc compile -o build/` makes a package for everyone who can read build/ (not a 0700 temp dir)."""
     out = tmp_path / "out"

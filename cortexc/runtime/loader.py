@@ -10,6 +10,7 @@ import hashlib
 import importlib.util
 import os
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
@@ -17,11 +18,21 @@ from types import ModuleType
 from cortexc.runtime.build import cache_dir
 
 
+#: held while a package module runs: it is in `sys.modules` before it has run (its relative imports need
+#: that), and another thread must not take it from there half-made. Reentrant: a package may load another.
+_IMPORT_LOCK = threading.RLock()
+
+
 def import_package(package_dir: Path) -> ModuleType:
-    """Import a generated package from its directory under a name unique to its contents."""
+    """Import a generated package from its directory under a name unique to its contents (thread-safe)."""
     init = package_dir / "__init__.py"
     digest = hashlib.sha256((package_dir / "cell.json").read_bytes() + init.read_bytes()).hexdigest()[:12]
     module_name = f"{package_dir.name}_{digest}"
+    with _IMPORT_LOCK:
+        return _import(module_name, package_dir, init)
+
+
+def _import(module_name: str, package_dir: Path, init: Path) -> ModuleType:
     if module_name in sys.modules:
         return sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(module_name, init, submodule_search_locations=[str(package_dir)])
