@@ -17,7 +17,6 @@ from types import ModuleType
 
 from cortexc.runtime.build import cache_dir
 
-
 #: held while a package module runs: it is in `sys.modules` before it has run (its relative imports need
 #: that), and another thread must not take it from there half-made. Reentrant: a package may load another.
 _IMPORT_LOCK = threading.RLock()
