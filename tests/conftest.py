@@ -68,6 +68,7 @@ SLOW = {
     "test_device_executor.py::test_one_upload_one_memset_one_download_per_call",
     "test_train.py::test_short_sst_training_run_lowers_the_loss",
     "test_runtime_without_compiler.py::test_package_runs_cpu_with_the_compiler_blocked",
+    "test_long_cells.py::test_a_chain_deeper_than_the_inline_depth_matches_the_interpreter",
 }
 
 

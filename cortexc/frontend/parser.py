@@ -45,8 +45,44 @@ def parse(source: str, file: str = "<string>") -> ast.Module:
         raise CellSyntaxError(_unexpected_message(err.token, err.expected), where) from None
     except lark.exceptions.UnexpectedEOF as err:
         raise CellSyntaxError(_unexpected_message(None, err.expected), _end_loc(lines, file)) from None
+    _check_nesting(tree, loc)
     cells = _ToAst(loc).transform(tree)
     return ast.Module(cells=tuple(cells), file=file, source=source)
+
+
+#: the deepest parse tree the front end takes (a cell, its block, a statement, then the expression's own
+#: nesting: about 195 levels of operators or calls). Its walks (the transformer, checking, lowering)
+#: recurse on expressions, a few Python frames a level: the limit keeps them far from Python's.
+MAX_NESTING = 200
+
+
+def _check_nesting(tree: lark.Tree, loc) -> None:
+    """A `CellSyntaxError` at the first token too deep in `tree` (walked with a stack, not recursion)."""
+    stack: list[tuple[lark.Tree | Token, int]] = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, Token):
+            continue
+        if depth > MAX_NESTING:
+            token = _first_token(node)
+            where = loc(token.line, token.column) if token is not None else None
+            raise CellSyntaxError(
+                f"expression nested too deeply (over {MAX_NESTING} levels of operators and calls): "
+                "split it into statements of their own",
+                where,
+            )
+        stack.extend((child, depth + 1) for child in node.children if child is not None)
+
+
+def _first_token(tree: lark.Tree) -> Token | None:
+    stack: list[lark.Tree | Token | None] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Token):
+            return node
+        if node is not None:
+            stack.extend(reversed(node.children))
+    return None
 
 
 def _end_loc(lines: list[str], file: str) -> SourceLoc:
