@@ -12,6 +12,7 @@ can; the first error is raised with the rest in ``.others``.
 from __future__ import annotations
 
 import difflib
+import keyword
 import math
 import numbers
 from collections.abc import Iterable, Mapping
@@ -84,6 +85,7 @@ def check_module(module: ast.Module, defines: Mapping[str, int] | None = None) -
             sink.report(f"duplicate cell '{cell_def.name}' (first defined at line {first.line})", cell_def.loc)
             continue
         seen_cells[cell_def.name] = cell_def
+        _check_cell_name(cell_def, sink)
         result = _check_cell(cell_def, defines, sink)
         if result is not None:
             declared.append(result)
@@ -99,6 +101,27 @@ def check_module(module: ast.Module, defines: Mapping[str, int] | None = None) -
             )
     sink.raise_if_any()
     return declared
+
+
+#: the longest cell name: it names the cell's kernel files and libraries (a file name has 255 bytes at most)
+MAX_CELL_NAME = 100
+
+#: the keywords of `model(forest, grad=False, host=True, **inputs)` (and its `self`): no input can be passed so
+RESERVED_INPUTS = frozenset({"forest", "grad", "host", "self"})
+
+
+def _check_cell_name(cell_def: ast.CellDef, sink: ErrorSink) -> None:
+    """A cell is a class of its generated Python package, named as the cell: the name must be able to be one."""
+    name = cell_def.name
+    if keyword.iskeyword(name):
+        sink.report(f"cell name '{name}' is a Python keyword: the cell is a Python class of that name", cell_def.loc)
+    elif name.startswith("_"):
+        sink.report(f"cell name '{name}' starts with '_': such names are kept for the generated package", cell_def.loc)
+    elif len(name) > MAX_CELL_NAME:
+        sink.report(
+            f"cell name '{name[:20]}...' has {len(name)} characters, at most {MAX_CELL_NAME} (it names files)",
+            cell_def.loc,
+        )
 
 
 def _check_cell(cell_def: ast.CellDef, defines: Mapping[str, int], sink: ErrorSink) -> DeclaredCell | None:
@@ -173,6 +196,13 @@ def _check_cell(cell_def: ast.CellDef, defines: Mapping[str, int], sink: ErrorSi
     for item in cell_def.items:
         if isinstance(item, ast.InputDecl):
             if not declare(item.name, "an input", item.loc):
+                continue
+            if item.name in RESERVED_INPUTS:
+                sink.report(
+                    f"an input cannot be named '{item.name}': inputs are passed as keywords of "
+                    "model(forest, grad=False, host=True, **inputs), which has its own",
+                    item.loc,
+                )
                 continue
             if item.index_range is not None:
                 size = const_int(item.index_range, dims, sink, "an index range")

@@ -65,6 +65,9 @@ TRAILER_SIZE = len(TRAILER_MAGIC) + 24 + 32
 
 SCRATCH_PREFIX = ".build-"
 
+#: the longest name a library's file carries (a cell name, or a package and cell name, may be longer)
+MAX_NAME = 80
+
 
 def build_timeout() -> float:
     text = os.environ.get("CORTEXC_BUILD_TIMEOUT", "")
@@ -145,6 +148,7 @@ def build_shared(
     """
     compiler = compiler or os.environ.get("CC", "gcc")
     key = build_key(source, flags, compiler)
+    name = name[:MAX_NAME]  # the key tells libraries apart; the name is for people, and file names are short
     directory = cache_dir()
     library = directory / f"{name}-{key}.so"
     if verify_library(library, key):
