@@ -10,7 +10,6 @@ import argparse
 import itertools
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -31,7 +30,8 @@ def parse_defines(items: list[str]) -> dict[str, int]:
     defines: dict[str, int] = {}
     for item in items:
         name, sep, value = item.partition("=")
-        if not sep or not name.isidentifier() or not value.strip().isdigit() or int(value) < 1:
+        digits = value.strip()
+        if not sep or not name.isidentifier() or not (digits.isascii() and digits.isdigit()) or int(digits) < 1:
             raise DimError(f"-D {item}: expected NAME=VALUE with a positive integer VALUE")
         defines[name] = int(value)
     return defines
@@ -66,9 +66,10 @@ def summarize(cell: Cell) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from cortexc.frontend.parser import read_source
     from cortexc.pipeline import Source, compile_package, run_stages
 
-    source = Path(args.file).read_text(encoding="utf-8")
+    source = read_source(args.file)
     options = CompileOptions.make(parse_defines(args.define), KNOWN_TARGETS, args.dump_ir)
     compile_package(source, args.file, options)  # every stage, so that check fails where compile would
     cells = run_stages(Source(source, args.file), CompileOptions.make(options.define_map), until="lower")
@@ -79,9 +80,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    from cortexc.frontend.parser import read_source
     from cortexc.pipeline import write_package
 
-    source = Path(args.file).read_text(encoding="utf-8")
+    source = read_source(args.file)
     launch = LaunchOptions(LaunchMode(args.cuda_mode), args.cuda_blocks, args.cuda_weights == "global")
     options = CompileOptions.make(parse_defines(args.define), TARGET_CHOICES[args.target], args.dump_ir, launch)
     package = write_package(source, args.file, args.out, options)

@@ -72,6 +72,10 @@ class CellSyntaxError(CellError):
     """The text is not a `.cell` program (the grammar rejects it)."""
 
 
+class SourceError(CellError):
+    """A `.cell` file cannot be read (missing, unreadable) or is not UTF-8 text."""
+
+
 class CellTypeError(CellError):
     """The program parses but breaks a rule: unknown name, shape, domain, arity..."""
 

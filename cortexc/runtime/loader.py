@@ -52,10 +52,11 @@ def load_cell_file(
 ) -> ModuleType:
     """Compile `path` (every target a backend of this machine may run) and import its package; the
     package goes to `out_dir`, or to the cache under the key of the source and options."""
+    from cortexc.frontend.parser import read_source
     from cortexc.options import KNOWN_TARGETS, CompileOptions
     from cortexc.pipeline import write_package
 
-    source = Path(path).read_text(encoding="utf-8")
+    source = read_source(path)
     options = CompileOptions.make(dims, targets=KNOWN_TARGETS)
     if out_dir is None:
         out_dir = cache_dir() / "packages" / options.key(source, str(path))[:16]
