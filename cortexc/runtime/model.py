@@ -138,12 +138,16 @@ class CellModel:
                 "made a result can take its gradient"
             )
         forest, inputs, states, kept = saved
+        if not isinstance(upstream, Mapping):
+            raise InputError(f"upstream must map output or state names to gradients, got {type(upstream).__name__}")
         checked = {}
         for name, grad in upstream.items():
             if name not in out:
                 known = ", ".join(out)
                 raise InputError(f"no output or state named {name!r} to take a gradient of (there are: {known})")
             array = np.asarray(grad)
+            if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
+                raise InputError(f"the gradient of {name} must be a float array, got dtype {array.dtype}")
             if array.shape != out[name].shape:
                 raise InputError(f"the gradient of {name} must have shape {out[name].shape}, got {array.shape}")
             checked[name] = np.ascontiguousarray(array, dtype=np.float32)
