@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import sys
 import time
 
 import numpy as np
 
-from cortexc.errors import CortexcError, DimError
+from cortexc.errors import CellError, CortexcError, DimError, ForestError
 from cortexc.ir.cell import Cell
 from cortexc.ir.ops import fmt_shape
 from cortexc.options import KNOWN_TARGETS, CompileOptions
@@ -84,6 +85,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from cortexc.pipeline import write_package
 
     source = read_source(args.file)
+    if os.path.lexists(args.out) and not os.path.isdir(args.out):
+        raise CortexcError(f"-o {args.out}: that is a file; the package goes into a directory")
     launch = LaunchOptions(LaunchMode(args.cuda_mode), args.cuda_blocks, args.cuda_weights == "global")
     options = CompileOptions.make(parse_defines(args.define), TARGET_CHOICES[args.target], args.dump_ir, launch)
     package = write_package(source, args.file, args.out, options)
@@ -103,8 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cell = _pick_cell(cells, args.cell)
     started = time.perf_counter()
     if args.trees:
-        with open(args.trees, encoding="utf-8") as lines:
-            forest = Forest.from_ptb(itertools.islice(lines, args.limit or None))
+        forest = _read_trees(args.trees, args.limit)
         where = args.trees
     else:
         forest = Forest.random(args.limit or 100, rng=0, binary=cell.arity == 2, max_children=cell.arity or 3)
@@ -129,6 +131,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         error = float(np.abs(out[name] - value).max()) / scale
         print(f"  {name}{list(value.shape)}: max |compiled - eager| / max |eager| = {error:.2e}")
     return 0
+
+
+def _read_trees(path: str, limit: int | None):
+    """The forest of a PTB file's first `limit` lines; every error in it names the file."""
+    from cortexc.runtime.forest import Forest
+
+    try:
+        with open(path, encoding="utf-8") as lines:
+            return Forest.from_ptb(itertools.islice(lines, limit))
+    except UnicodeDecodeError as err:
+        raise ForestError(f"{path}: not UTF-8 text (byte 0x{err.object[err.start]:02x})") from None
+    except ForestError as err:
+        raise ForestError(f"{path}: {err}") from None
 
 
 def _timed(model, forest, inputs) -> float:
@@ -162,6 +177,18 @@ def _pick_cell(cells: list[CellSignature], name: str | None) -> CellSignature:
         if cell.name == name:
             return cell
     raise CortexcError(f"no cell named {name!r} (the file has {', '.join(c.name for c in cells)})")
+
+
+def _positive(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+def _non_negative(text: str) -> int:
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return int(text)
 
 
 def _blocks(text: str) -> int:
@@ -221,23 +248,32 @@ def build_parser() -> argparse.ArgumentParser:
     common(run)
     run.add_argument("--trees", metavar="PATH", help="PTB bracketed trees, one per line")
     run.add_argument("--cell", help="which cell of the file (default: the first)")
-    run.add_argument("--limit", type=int, default=0, help="use only the first N trees")
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--repeats", type=int, default=5, help="compiled runs to time (the best is shown)")
+    run.add_argument("--limit", type=_positive, default=None, metavar="N", help="use only the first N trees")
+    run.add_argument("--seed", type=_non_negative, default=0)
+    run.add_argument(
+        "--repeats", type=_positive, default=5, metavar="N", help="compiled runs to time (the best is shown)"
+    )
     run.set_defaults(func=cmd_run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
+    except CellError as err:  # file:line:col: error: ... (or error: ... without a place)
+        print(err.format(), file=sys.stderr)
+        return 1
     except CortexcError as err:
-        print(str(err), file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
         return 1
     except OSError as err:
-        print(f"error: {err.strerror or err}: {err.filename or ''}".rstrip(": "), file=sys.stderr)
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"error: {where}{err.strerror or err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

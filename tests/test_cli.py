@@ -128,3 +128,52 @@ def test_check_describes_the_blocks_as_written(capsys):
     assert "blocks   node (leaves run it with no children)" in capsys.readouterr().out
     assert main(["check", str(EXAMPLES / "treernn.cell")]) == 0
     assert "blocks   leaf, node" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- bad arguments, one line each
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["run", "CELL", "--limit", "-5"], "argument --limit: expected a positive integer, got '-5'"),
+        (["run", "CELL", "--limit", "0"], "argument --limit: expected a positive integer, got '0'"),
+        (["run", "CELL", "--repeats", "0"], "argument --repeats: expected a positive integer, got '0'"),
+        (["run", "CELL", "--seed", "-1"], "argument --seed: expected a non-negative integer, got '-1'"),
+    ],
+)
+def test_bad_counts_are_usage_errors(argv, message, capsys):
+    argv = [str(EXAMPLES / "treernn.cell") if a == "CELL" else a for a in argv]
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_ctrl_c_is_one_line_and_status_130(monkeypatch, capsys):
+    import cortexc.cli as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_check", interrupted)
+    assert main(["check", str(EXAMPLES / "treernn.cell")]) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+
+
+def test_errors_at_run_time_have_the_error_prefix_and_name_the_trees_file(tmp_path, capsys):
+    trees = tmp_path / "bad.ptb"
+    trees.write_text("(1 (2 a) (3 b)\n", encoding="utf-8")
+    assert main(["run", str(EXAMPLES / "treernn.cell"), "--trees", str(trees)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {trees}: line 1") and err.count("\n") == 1
+    trees.write_bytes(b"(1 caf\xe9)\n")
+    assert main(["run", str(EXAMPLES / "treernn.cell"), "--trees", str(trees)]) == 1
+    assert capsys.readouterr().err == f"error: {trees}: not UTF-8 text (byte 0xe9)\n"
+
+
+def test_out_naming_a_file_says_so(tmp_path, capsys):
+    out = tmp_path / "a_file"
+    out.write_text("", encoding="utf-8")
+    assert main(["compile", str(EXAMPLES / "treernn.cell"), "-o", str(out)]) == 1
+    assert capsys.readouterr().err == f"error: -o {out}: that is a file; the package goes into a directory\n"
