@@ -92,5 +92,10 @@ class InputError(ForestError):
     """Inputs given to a cell do not fit the forest: missing, unknown, wrong shape, dtype or range."""
 
 
+class OutputError(CortexcError):
+    """cortexc cannot write where it must (the cache, a package directory) or read back what it wrote there
+    (a damaged package): says where and why."""
+
+
 class BuildError(CortexcError):
     """Generated code failed to compile; carries the file and the compiler's message."""

@@ -657,3 +657,55 @@ def test_package_name_is_importable(file):
 
     name = package_name(file)
     assert name.isidentifier() and not keyword.iskeyword(name), name
+
+
+# ----------------------------------------------------------------------------- where cortexc writes
+
+
+@pytest.mark.parametrize("where", ["a file", "below a file"])
+def test_a_cache_that_cannot_be_a_directory_is_an_output_error(where, tmp_path, monkeypatch, cell_files):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("", encoding="utf-8")
+    monkeypatch.setenv("CORTEXC_CACHE", str(blocker if where == "a file" else blocker / "cache"))
+    with pytest.raises(cortexc.OutputError, match="the cortexc cache .* cannot be made"):
+        cortexc.load(write_cell(cell_files, TINY))
+
+
+def test_a_full_disk_while_building_or_installing_is_an_output_error(tmp_path, monkeypatch, cell_files):
+    import errno
+    import tempfile
+
+    from cortexc.codegen import module
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(build.tempfile, "mkdtemp", full)
+    with pytest.raises(cortexc.OutputError, match="cannot write the library .* No space left"):
+        build.build_shared(ANSWER, "full")
+    monkeypatch.setattr(build.tempfile, "mkdtemp", tempfile.mkdtemp)
+    monkeypatch.setattr(module.tempfile, "mkdtemp", full)
+    with pytest.raises(cortexc.OutputError, match="cannot write the package tiny .* No space left"):
+        cortexc.load(write_cell(cell_files, TINY), tmp_path / "out")
+
+
+@pytest.mark.parametrize("damage", ["cell.json garbage", "cell.json missing", "__init__.py broken", "kernel missing"])
+def test_importing_a_damaged_package_is_an_output_error(damage, tmp_path):
+    from cortexc.runtime.loader import import_package
+
+    assert (
+        main(["compile", str(write_cell(tmp_path, TINY.replace("Tiny", "Damaged"), "damaged")), "-o", str(tmp_path)])
+        == 0
+    )
+    package = tmp_path / "damaged"
+    if damage == "cell.json garbage":
+        (package / "cell.json").write_text('{"format": 2, "cells": [', encoding="utf-8")
+    elif damage == "cell.json missing":
+        (package / "cell.json").unlink()
+    elif damage == "__init__.py broken":
+        (package / "__init__.py").write_text("def (:\n", encoding="utf-8")
+    else:
+        (package / "Damaged.c").unlink()
+    with pytest.raises(cortexc.OutputError, match=f"the package {package} is damaged"):
+        import_package(package)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from cortexc import __version__
 from cortexc.codegen.render import abi, environment
 from cortexc.codegen.target import TARGETS
+from cortexc.errors import OutputError
 from cortexc.ir.cell import Cell
 from cortexc.ir.program import Program, width
 from cortexc.ir.signature import cell_signature
@@ -147,7 +148,11 @@ def package_files(source: str, source_file: str, options: CompileOptions, render
 
 def install_package(out: Path, package: PackageFiles) -> Path:
     """Put the package in `out/<name>/` whole or not at all; returns its path."""
-    return _install(out, package.name, dict(package.files))
+    try:
+        return _install(out, package.name, dict(package.files))
+    except OSError as err:  # a read-only or full disk, `out` a file or below one
+        where = err.filename or out
+        raise OutputError(f"cannot write the package {package.name} to {out}: {where}: {err.strerror or err}") from None
 
 
 def _install(out: Path, name: str, files: dict[str, str]) -> Path:

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from cortexc.errors import BuildError
+from cortexc.errors import BuildError, OutputError
 
 #: -ffast-math in full: glibc declares its vector expf/tanhf (libmvec) only under __FAST_MATH__, which any
 #: -fno-* refinement undefines; the kernels use -FLT_MAX, not -INFINITY, as the identity of max for that reason
@@ -49,7 +49,12 @@ def cache_dir() -> Path:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cortexc"
     )
     path = Path(root)
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OutputError(
+            f"the cortexc cache {path} cannot be made: {err.strerror or err} (set CORTEXC_CACHE)"
+        ) from None
     return path
 
 
@@ -158,7 +163,12 @@ def build_shared(
         except OSError:
             pass  # right bytes but it does not load here (a library it needs changed): build it again
     _remove_stale_scratch(directory)
-    _build(source, name, source_path, compiler, flags, key, library)
+    try:
+        _build(source, name, source_path, compiler, flags, key, library)
+    except OSError as err:  # a read-only cache, a full disk
+        raise OutputError(
+            f"cannot write the library of {name} to the cache {directory}: {err.strerror or err} (set CORTEXC_CACHE)"
+        ) from None
     try:
         load_library(library)
     except OSError as err:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 
+from cortexc.errors import OutputError
 from cortexc.runtime.build import cache_dir
 
 #: held while a package module runs: it is in `sys.modules` before it has run (its relative imports need
@@ -25,7 +26,10 @@ _IMPORT_LOCK = threading.RLock()
 def import_package(package_dir: Path) -> ModuleType:
     """Import a generated package from its directory under a name unique to its contents (thread-safe)."""
     init = package_dir / "__init__.py"
-    digest = hashlib.sha256((package_dir / "cell.json").read_bytes() + init.read_bytes()).hexdigest()[:12]
+    try:
+        digest = hashlib.sha256((package_dir / "cell.json").read_bytes() + init.read_bytes()).hexdigest()[:12]
+    except OSError as err:
+        raise OutputError(f"the package {package_dir} is damaged: {err.strerror or err}: {err.filename}") from None
     module_name = f"{package_dir.name}_{digest}"
     with _IMPORT_LOCK:
         return _import(module_name, package_dir, init)
@@ -41,6 +45,9 @@ def _import(module_name: str, package_dir: Path, init: Path) -> ModuleType:
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
+    except SyntaxError as err:
+        del sys.modules[module_name]
+        raise OutputError(f"the package {package_dir} is damaged: {init}: {err.msg}: compile it again") from None
     except BaseException:
         del sys.modules[module_name]
         raise

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from cortexc.errors import CortexcError, InputError
+from cortexc.errors import CortexcError, InputError, OutputError
 from cortexc.runtime.backends import BACKENDS, ExecutorRequest, backend
 from cortexc.runtime.executor import Executor
 from cortexc.runtime.forest import Forest
@@ -188,7 +188,18 @@ def _frozen(params: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 def load_package(directory: str | os.PathLike[str]) -> dict[str, type[CellModel]]:
     """The model classes of a generated package, by cell name (reads `cell.json` and the kernels only)."""
     directory = Path(directory)
-    description = json.loads((directory / "cell.json").read_text(encoding="utf-8"))
+    try:
+        description = json.loads((directory / "cell.json").read_text(encoding="utf-8"))
+        return _classes(directory, description)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as err:
+        if isinstance(err, CortexcError):
+            raise
+        raise OutputError(
+            f"the package {directory} is damaged ({type(err).__name__}: {err}): compile it again"
+        ) from None
+
+
+def _classes(directory: Path, description: dict[str, Any]) -> dict[str, type[CellModel]]:
     if description.get("format") != FORMAT_VERSION:
         raise CortexcError(
             f"{directory / 'cell.json'} is format {description.get('format')!r}, this runtime reads format "
