@@ -103,3 +103,30 @@ def test_editing_results_or_inputs_does_not_change_the_backward(device, chain_mo
     after = model.backward(out, upstream)
     for name, expected in before.items():
         assert np.array_equal(after[name], expected), name
+
+
+def test_load_params_during_a_call_neither_mixes_nor_frees_the_weights_in_use(chain_module, tmp_path, rng):
+    """ctypes lets go of the GIL: another thread may call load_params while the C code runs. The call keeps
+    the weights it started with alive and whole (seen here from inside the call, deterministically)."""
+    import gc
+    import weakref
+
+    model = cortexc.load(chain_module, out_dir=tmp_path).Chain(device="cpu", seed=1)
+    forest = Forest.random(5, rng=rng, max_children=3)
+    inputs = random_inputs(model.cell, forest, rng)
+    expected = model(forest, **inputs)["h"]
+    executor = model._executor_for_device()
+    in_use = [weakref.ref(array) for arrays in executor._weights for array in arrays]
+    launch = executor._launch_forward
+    swapped = {k: np.zeros_like(v) for k, v in model.params.items()}
+
+    def load_params_midway(call, lin):
+        model.load_params(swapped)  # what the other thread does
+        gc.collect()
+        assert all(ref() is not None for ref in in_use), "the weights of the running call were freed"
+        launch(call, lin)
+
+    executor._launch_forward = load_params_midway
+    np.testing.assert_array_equal(model(forest, **inputs)["h"], expected)
+    executor._launch_forward = launch
+    assert not model(forest, **inputs)["h"].any()  # the next call has the new params (all zero: tanh(0))

@@ -47,8 +47,10 @@ class CpuExecutor:
         self.spec = spec
         self.lib = load_library(library_path)
         self._declare_entry_points()
-        self._params: list[np.ndarray] = []
-        self._packed: list[np.ndarray] = []
+        # params and packed weights as one value, replaced whole: a call takes it once and keeps it alive, so
+        # a `load_params` from another thread during a call (ctypes lets go of the GIL) neither mixes old and
+        # new weights nor frees the ones the C code is reading
+        self._weights: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
 
     def _declare_entry_points(self) -> None:
         self.lib.cx_forward.argtypes = [ctypes.POINTER(CxCall)]
@@ -70,8 +72,8 @@ class CpuExecutor:
     def set_params(self, params: Mapping[str, np.ndarray]) -> None:
         """Keep the params and pack the GEMM weights (stacked as the program says) once."""
         abi = self.spec["abi"]
-        self._params = [np.ascontiguousarray(params[name], dtype=np.float32) for name in abi["params"]]
-        self._packed = packed_weights(self.lib, self.spec, params)
+        arrays = [np.ascontiguousarray(params[name], dtype=np.float32) for name in abi["params"]]
+        self._weights = (arrays, packed_weights(self.lib, self.spec, params))
 
     def _call(
         self,
@@ -81,7 +83,8 @@ class CpuExecutor:
         hoisted: list[np.ndarray],
         outputs: list[np.ndarray],
     ) -> tuple[ctypes.Structure, list[Any]]:
-        """The `cx_call` struct over these arrays, and the pointer tables that must outlive it."""
+        """The `cx_call` struct over these arrays, and what must outlive it (the pointer tables, the weights)."""
+        weights = self._weights
         call = CxCall(
             num_nodes=lin.num_nodes,
             num_levels=lin.num_levels,
@@ -94,8 +97,8 @@ class CpuExecutor:
             roots=lin.roots.ctypes.data,
         )
         tables = {
-            "params": _pointers(self._params),
-            "packed": _pointers(self._packed),
+            "params": _pointers(weights[0]),
+            "packed": _pointers(weights[1]),
             "inputs": _pointers(input_arrays),
             "states": _pointers(states),
             "hoisted": _pointers(hoisted),
@@ -103,7 +106,7 @@ class CpuExecutor:
         }
         for field, table in tables.items():
             setattr(call, field, ctypes.cast(table, _P))
-        return call, list(tables.values())
+        return call, [*tables.values(), weights]
 
     def forward(
         self, lin: Linearized, inputs: Mapping[str, np.ndarray], keep: bool = False, host: bool = True
