@@ -198,7 +198,10 @@ def _blocks(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from cortexc import __version__
+
     parser = argparse.ArgumentParser(prog="cortexc", description="Compiler for recursive neural networks.")
+    parser.add_argument("--version", action="version", version=f"cortexc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:

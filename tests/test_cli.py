@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from cortexc.cli import main
-from tests.helpers import EXAMPLES, sst_path
+from tests.helpers import EXAMPLES, REPO, sst_path
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -177,3 +177,11 @@ def test_out_naming_a_file_says_so(tmp_path, capsys):
     out.write_text("", encoding="utf-8")
     assert main(["compile", str(EXAMPLES / "treernn.cell"), "-o", str(out)]) == 1
     assert capsys.readouterr().err == f"error: -o {out}: that is a file; the package goes into a directory\n"
+
+
+def test_version_and_python_dash_m():
+    import cortexc
+
+    for command in ([sys.executable, "-m", "cortexc", "--version"], [sys.executable, "-m", "cortexc.cli", "--version"]):
+        result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+        assert result.returncode == 0 and result.stdout == f"cortexc {cortexc.__version__}\n", result.stderr
