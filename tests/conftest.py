@@ -69,6 +69,7 @@ SLOW = {
     "test_train.py::test_short_sst_training_run_lowers_the_loss",
     "test_runtime_without_compiler.py::test_package_runs_cpu_with_the_compiler_blocked",
     "test_long_cells.py::test_a_chain_deeper_than_the_inline_depth_matches_the_interpreter",
+    "test_fuzz_frontend.py::test_many_mutated_cells_compile_or_fail_with_a_located_error",
 }
 
 
