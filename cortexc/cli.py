@@ -11,6 +11,7 @@ import itertools
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -77,7 +78,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"{args.file}: {len(cells)} cell{'s' if len(cells) != 1 else ''}, ok")
     for cell in cells:
         print(summarize(cell))
+    _say_dumped(args.dump_ir)
     return 0
+
+
+def _say_dumped(directory: str | None) -> None:
+    if directory:
+        count = sum(1 for p in Path(directory).iterdir() if p.suffix in (".ir", ".prog"))
+        print(f"wrote {count} IR and program dumps to {directory}/")
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -92,6 +100,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     package = write_package(source, args.file, args.out, options)
     files = ", ".join(sorted(p.name for p in package.iterdir()))
     print(f"wrote {package}/ ({files})")
+    _say_dumped(args.dump_ir)
     return 0
 
 
@@ -114,16 +123,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     forest_s = time.perf_counter() - started
     inputs = _demo_inputs(cell, forest, np.random.default_rng(args.seed))
     compiled = getattr(module, cell.name)(device="cpu", seed=args.seed)
-    eager = getattr(module, cell.name)(device="interp", seed=args.seed)
-    compiled(forest, **inputs)  # builds (or loads from the cache) the kernels
+    out = compiled(forest, **inputs)  # builds (or loads from the cache) the kernels
     compiled_s = min(_timed(compiled, forest, inputs) for _ in range(args.repeats))
-    eager_s = _timed(eager, forest, inputs)
-    out, ref = compiled(forest, **inputs), eager(forest, **inputs)
     print(
         f"{cell.name} on {where}: {forest.num_trees} trees, {forest.num_nodes} nodes, "
         f"{forest.num_levels} levels (forest built in {forest_s * 1e3:.1f} ms)"
     )
     print(f"  compiled (cpu): {compiled_s * 1e3:9.2f} ms  {forest.num_trees / compiled_s:12,.0f} trees/s")
+    if not args.eager:
+        return 0
+    eager = getattr(module, cell.name)(device="interp", seed=args.seed)
+    started = time.perf_counter()
+    ref = eager(forest, **inputs)  # once: timed and compared (the interpreter is slow)
+    eager_s = time.perf_counter() - started
     print(f"  eager (interp): {eager_s * 1e3:9.2f} ms  {forest.num_trees / eager_s:12,.0f} trees/s")
     print(f"  compiled / eager speed-up: {eager_s / compiled_s:.1f}x")
     for name, value in ref.items():
@@ -215,12 +227,20 @@ def build_parser() -> argparse.ArgumentParser:
             help="override a dim in every cell that declares it",
         )
 
-    check = sub.add_parser("check", help="parse and check a .cell file, print a summary of its cells")
+    check = sub.add_parser(
+        "check",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="parse and check a .cell file, print a summary of its cells",
+    )
     common(check)
     check.add_argument("--dump-ir", metavar="DIR", help="write the IR of every stage to DIR")
     check.set_defaults(func=cmd_check)
 
-    comp = sub.add_parser("compile", help="compile a .cell file into a Python package of kernels")
+    comp = sub.add_parser(
+        "compile",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="compile a .cell file into a Python package of kernels",
+    )
     common(comp)
     comp.add_argument("-o", "--out", default="build", metavar="DIR", help="where the package goes (default build/)")
     comp.add_argument(
@@ -247,7 +267,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     comp.set_defaults(func=cmd_compile)
 
-    run = sub.add_parser("run", help="run a cell compiled and eager over PTB trees (or a built-in forest)")
+    run = sub.add_parser(
+        "run",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="run a cell compiled and eager over PTB trees (or a built-in forest)",
+    )
     common(run)
     run.add_argument("--trees", metavar="PATH", help="PTB bracketed trees, one per line")
     run.add_argument("--cell", help="which cell of the file (default: the first)")
@@ -255,6 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=_non_negative, default=0)
     run.add_argument(
         "--repeats", type=_positive, default=5, metavar="N", help="compiled runs to time (the best is shown)"
+    )
+    run.add_argument(
+        "--no-eager", dest="eager", action="store_false", help="run the compiled cell only (no interpreter)"
     )
     run.set_defaults(func=cmd_run)
     return parser

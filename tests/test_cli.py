@@ -185,3 +185,26 @@ def test_version_and_python_dash_m():
     for command in ([sys.executable, "-m", "cortexc", "--version"], [sys.executable, "-m", "cortexc.cli", "--version"]):
         result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
         assert result.returncode == 0 and result.stdout == f"cortexc {cortexc.__version__}\n", result.stderr
+
+
+def test_run_runs_the_interpreter_once_or_not_at_all(monkeypatch, capsys):
+    from cortexc.runtime import reference
+
+    calls = []
+    real = reference.run_linearized
+    monkeypatch.setattr(reference, "run_linearized", lambda *a: calls.append(1) or real(*a))
+    assert main(["run", str(EXAMPLES / "treernn.cell"), "--limit", "3", "--repeats", "1"]) == 0
+    assert len(calls) == 1 and "eager (interp)" in capsys.readouterr().out
+    assert main(["run", str(EXAMPLES / "treernn.cell"), "--limit", "3", "--repeats", "1", "--no-eager"]) == 0
+    out = capsys.readouterr().out
+    assert len(calls) == 1 and "compiled (cpu)" in out and "eager" not in out
+
+
+def test_dump_ir_says_what_it_wrote_and_help_shows_defaults(tmp_path, capsys):
+    dump = tmp_path / "ir"
+    assert main(["check", str(EXAMPLES / "treernn.cell"), "--dump-ir", str(dump)]) == 0
+    count = len([p for p in dump.iterdir()])
+    assert f"wrote {count} IR and program dumps to {dump}/" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    assert "(default: 5)" in capsys.readouterr().out
