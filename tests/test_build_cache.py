@@ -709,3 +709,14 @@ def test_importing_a_damaged_package_is_an_output_error(damage, tmp_path):
         (package / "Damaged.c").unlink()
     with pytest.raises(cortexc.OutputError, match=f"the package {package} is damaged"):
         import_package(package)
+
+
+def test_a_build_says_it_is_building_on_a_terminal_only(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path))
+    build.build_shared(ANSWER, "quiet")
+    assert capsys.readouterr().err == ""  # not a terminal: nothing
+    monkeypatch.setattr(build, "_interactive", lambda: True)
+    build.build_shared(OTHER, "told")
+    assert capsys.readouterr().err.startswith("cortexc: building told with gcc (once: cached in ")
+    build.build_shared(OTHER, "told")  # from the cache: nothing to say
+    assert capsys.readouterr().err == ""

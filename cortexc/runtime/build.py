@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -163,6 +164,8 @@ def build_shared(
         except OSError:
             pass  # right bytes but it does not load here (a library it needs changed): build it again
     _remove_stale_scratch(directory)
+    if _interactive():  # a first build takes seconds to minutes: say what is happening, once per library
+        print(f"cortexc: building {name} with {compiler} (once: cached in {directory})", file=sys.stderr, flush=True)
     try:
         _build(source, name, source_path, compiler, flags, key, library)
     except OSError as err:  # a read-only cache, a full disk
@@ -174,6 +177,11 @@ def build_shared(
     except OSError as err:
         raise BuildError(f"the library built from the generated C of {name} does not load: {err}") from None
     return library
+
+
+def _interactive() -> bool:
+    """Whether a person is watching stderr (a terminal): only then does a build announce itself."""
+    return sys.stderr is not None and sys.stderr.isatty()
 
 
 def verify_library(path: Path, key: str) -> bool:
