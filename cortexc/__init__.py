@@ -19,6 +19,8 @@ from cortexc.errors import (
     DimError,
     ForestError,
     InputError,
+    OutputError,
+    SourceError,
     SourceLoc,
 )
 from cortexc.runtime.forest import Forest
@@ -37,6 +39,8 @@ __all__ = [
     "Forest",
     "ForestError",
     "InputError",
+    "OutputError",
+    "SourceError",
     "SourceLoc",
     "Vocab",
     "compile_file",

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from cortexc.errors import CortexcError, DimError
+from cortexc.errors import CellError, CortexcError, DimError, ForestError
 from cortexc.ir.cell import Cell
 from cortexc.ir.ops import fmt_shape
 from cortexc.options import KNOWN_TARGETS, CompileOptions
@@ -31,7 +32,8 @@ def parse_defines(items: list[str]) -> dict[str, int]:
     defines: dict[str, int] = {}
     for item in items:
         name, sep, value = item.partition("=")
-        if not sep or not name.isidentifier() or not value.strip().isdigit() or int(value) < 1:
+        digits = value.strip()
+        if not sep or not name.isidentifier() or not (digits.isascii() and digits.isdigit()) or int(digits) < 1:
             raise DimError(f"-D {item}: expected NAME=VALUE with a positive integer VALUE")
         defines[name] = int(value)
     return defines
@@ -66,27 +68,39 @@ def summarize(cell: Cell) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from cortexc.frontend.parser import read_source
     from cortexc.pipeline import Source, compile_package, run_stages
 
-    source = Path(args.file).read_text(encoding="utf-8")
+    source = read_source(args.file)
     options = CompileOptions.make(parse_defines(args.define), KNOWN_TARGETS, args.dump_ir)
     compile_package(source, args.file, options)  # every stage, so that check fails where compile would
     cells = run_stages(Source(source, args.file), CompileOptions.make(options.define_map), until="lower")
     print(f"{args.file}: {len(cells)} cell{'s' if len(cells) != 1 else ''}, ok")
     for cell in cells:
         print(summarize(cell))
+    _say_dumped(args.dump_ir)
     return 0
 
 
+def _say_dumped(directory: str | None) -> None:
+    if directory:
+        count = sum(1 for p in Path(directory).iterdir() if p.suffix in (".ir", ".prog"))
+        print(f"wrote {count} IR and program dumps to {directory}/")
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
+    from cortexc.frontend.parser import read_source
     from cortexc.pipeline import write_package
 
-    source = Path(args.file).read_text(encoding="utf-8")
+    source = read_source(args.file)
+    if os.path.lexists(args.out) and not os.path.isdir(args.out):
+        raise CortexcError(f"-o {args.out}: that is a file; the package goes into a directory")
     launch = LaunchOptions(LaunchMode(args.cuda_mode), args.cuda_blocks, args.cuda_weights == "global")
     options = CompileOptions.make(parse_defines(args.define), TARGET_CHOICES[args.target], args.dump_ir, launch)
     package = write_package(source, args.file, args.out, options)
     files = ", ".join(sorted(p.name for p in package.iterdir()))
     print(f"wrote {package}/ ({files})")
+    _say_dumped(args.dump_ir)
     return 0
 
 
@@ -110,8 +124,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cell = _pick_cell(cells, args.cell)
     started = time.perf_counter()
     if args.trees:
-        with open(args.trees, encoding="utf-8") as lines:
-            forest = Forest.from_ptb(itertools.islice(lines, args.limit or None))
+        forest = _read_trees(args.trees, args.limit)
         where = args.trees
     else:
         forest = Forest.random(args.limit or 100, rng=0, binary=cell.arity == 2, max_children=cell.arity or 3)
@@ -119,16 +132,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     forest_s = time.perf_counter() - started
     inputs = _demo_inputs(cell, forest, np.random.default_rng(args.seed))
     compiled = getattr(module, cell.name)(device="cpu", seed=args.seed)
-    eager = getattr(module, cell.name)(device="interp", seed=args.seed)
-    compiled(forest, **inputs)  # builds (or loads from the cache) the kernels
+    out = compiled(forest, **inputs)  # builds (or loads from the cache) the kernels
     compiled_s = min(_timed(compiled, forest, inputs) for _ in range(args.repeats))
-    eager_s = _timed(eager, forest, inputs)
-    out, ref = compiled(forest, **inputs), eager(forest, **inputs)
     print(
         f"{cell.name} on {where}: {forest.num_trees} trees, {forest.num_nodes} nodes, "
         f"{forest.num_levels} levels (forest built in {forest_s * 1e3:.1f} ms)"
     )
     print(f"  compiled (cpu): {compiled_s * 1e3:9.2f} ms  {forest.num_trees / compiled_s:12,.0f} trees/s")
+    if not args.eager:
+        return 0
+    eager = getattr(module, cell.name)(device="interp", seed=args.seed)
+    started = time.perf_counter()
+    ref = eager(forest, **inputs)  # once: timed and compared (the interpreter is slow)
+    eager_s = time.perf_counter() - started
     print(f"  eager (interp): {eager_s * 1e3:9.2f} ms  {forest.num_trees / eager_s:12,.0f} trees/s")
     print(f"  compiled / eager speed-up: {eager_s / compiled_s:.1f}x")
     for name, value in ref.items():
@@ -136,6 +152,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         error = float(np.abs(out[name] - value).max()) / scale
         print(f"  {name}{list(value.shape)}: max |compiled - eager| / max |eager| = {error:.2e}")
     return 0
+
+
+def _read_trees(path: str, limit: int | None):
+    """The forest of a PTB file's first `limit` lines; every error in it names the file."""
+    from cortexc.runtime.forest import Forest
+
+    try:
+        with open(path, encoding="utf-8") as lines:
+            return Forest.from_ptb(itertools.islice(lines, limit))
+    except UnicodeDecodeError as err:
+        raise ForestError(f"{path}: not UTF-8 text (byte 0x{err.object[err.start]:02x})") from None
+    except ForestError as err:
+        raise ForestError(f"{path}: {err}") from None
 
 
 def _timed(model, forest, inputs) -> float:
@@ -171,6 +200,18 @@ def _pick_cell(cells: list[CellSignature], name: str | None) -> CellSignature:
     raise CortexcError(f"no cell named {name!r} (the file has {', '.join(c.name for c in cells)})")
 
 
+def _positive(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+def _non_negative(text: str) -> int:
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return int(text)
+
+
 def _blocks(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a number of blocks (0: no cap), got {text!r}")
@@ -178,7 +219,10 @@ def _blocks(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from cortexc import __version__
+
     parser = argparse.ArgumentParser(prog="cortexc", description="Compiler for recursive neural networks.")
+    parser.add_argument("--version", action="version", version=f"cortexc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
@@ -192,12 +236,20 @@ def build_parser() -> argparse.ArgumentParser:
             help="override a dim in every cell that declares it",
         )
 
-    check = sub.add_parser("check", help="parse and check a .cell file, print a summary of its cells")
+    check = sub.add_parser(
+        "check",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="parse and check a .cell file, print a summary of its cells",
+    )
     common(check)
     check.add_argument("--dump-ir", metavar="DIR", help="write the IR of every stage to DIR")
     check.set_defaults(func=cmd_check)
 
-    comp = sub.add_parser("compile", help="compile a .cell file into a Python package of kernels")
+    comp = sub.add_parser(
+        "compile",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="compile a .cell file into a Python package of kernels",
+    )
     common(comp)
     comp.add_argument("-o", "--out", default="build", metavar="DIR", help="where the package goes (default build/)")
     comp.add_argument(
@@ -234,27 +286,43 @@ def build_parser() -> argparse.ArgumentParser:
     )
     exp.set_defaults(func=cmd_export)
 
-    run = sub.add_parser("run", help="run a cell compiled and eager over PTB trees (or a built-in forest)")
+    run = sub.add_parser(
+        "run",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="run a cell compiled and eager over PTB trees (or a built-in forest)",
+    )
     common(run)
     run.add_argument("--trees", metavar="PATH", help="PTB bracketed trees, one per line")
     run.add_argument("--cell", help="which cell of the file (default: the first)")
-    run.add_argument("--limit", type=int, default=0, help="use only the first N trees")
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--repeats", type=int, default=5, help="compiled runs to time (the best is shown)")
+    run.add_argument("--limit", type=_positive, default=None, metavar="N", help="use only the first N trees")
+    run.add_argument("--seed", type=_non_negative, default=0)
+    run.add_argument(
+        "--repeats", type=_positive, default=5, metavar="N", help="compiled runs to time (the best is shown)"
+    )
+    run.add_argument(
+        "--no-eager", dest="eager", action="store_false", help="run the compiled cell only (no interpreter)"
+    )
     run.set_defaults(func=cmd_run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
+    except CellError as err:  # file:line:col: error: ... (or error: ... without a place)
+        print(err.format(), file=sys.stderr)
+        return 1
     except CortexcError as err:
-        print(str(err), file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
         return 1
     except OSError as err:
-        print(f"error: {err.strerror or err}: {err.filename or ''}".rstrip(": "), file=sys.stderr)
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"error: {where}{err.strerror or err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

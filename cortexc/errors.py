@@ -72,6 +72,10 @@ class CellSyntaxError(CellError):
     """The text is not a `.cell` program (the grammar rejects it)."""
 
 
+class SourceError(CellError):
+    """A `.cell` file cannot be read (missing, unreadable) or is not UTF-8 text."""
+
+
 class CellTypeError(CellError):
     """The program parses but breaks a rule: unknown name, shape, domain, arity..."""
 
@@ -86,6 +90,11 @@ class ForestError(CortexcError, ValueError):
 
 class InputError(ForestError):
     """Inputs given to a cell do not fit the forest: missing, unknown, wrong shape, dtype or range."""
+
+
+class OutputError(CortexcError):
+    """cortexc cannot write where it must (the cache, a package directory) or read back what it wrote there
+    (a damaged package): says where and why."""
 
 
 class BuildError(CortexcError):

@@ -289,7 +289,9 @@ def compile_file(
     defines: Mapping[str, int] | None = None,
     dump_dir: str | os.PathLike[str] | None = None,
 ) -> list[Cell]:
-    source = Path(path).read_text(encoding="utf-8")
+    from cortexc.frontend.parser import read_source
+
+    source = read_source(path)
     return compile_source(source, str(path), defines, dump_dir)
 
 

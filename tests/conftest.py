@@ -85,6 +85,8 @@ SLOW = {
     "test_torch_ddp.py",  # two processes importing torch and gloo
     "test_torch.py::test_a_cell_module_pickles_and_deep_copies",  # a subprocess importing torch
     "test_torch.py::test_float_input_gradients_against_per_node_torch",  # builds a second package
+    "test_long_cells.py::test_a_chain_deeper_than_the_inline_depth_matches_the_interpreter",
+    "test_fuzz_frontend.py::test_many_mutated_cells_compile_or_fail_with_a_located_error",
 }
 
 

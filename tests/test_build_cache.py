@@ -1,16 +1,21 @@
 """Building generated C: the cache keyed by source, flags and compiler; build errors; `cortexc compile`.
 
-gcc is counted by wrapping `subprocess.run` as cortexc.runtime.build calls it; tests that count builds
+gcc is counted by wrapping `run_tool` as cortexc.runtime.build calls it; tests that count builds
 use a cache directory of this module only (`build_cache`), the others the session's private cache.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import importlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -45,14 +50,14 @@ def gcc_calls(monkeypatch, build_cache) -> list[list[str]]:
     """Every compiler invocation that builds a library (not `--version`), with this module's cache."""
     monkeypatch.setenv("CORTEXC_CACHE", str(build_cache))
     calls: list[list[str]] = []
-    real_run = subprocess.run
+    real_run = build.run_tool
 
     def counting_run(command, *args, **kwargs):
         if isinstance(command, list | tuple) and "-shared" in command:
             calls.append(list(command))
         return real_run(command, *args, **kwargs)
 
-    monkeypatch.setattr(build.subprocess, "run", counting_run)
+    monkeypatch.setattr(build, "run_tool", counting_run)
     build.load_library.cache_clear()
     yield calls
     build.load_library.cache_clear()
@@ -189,6 +194,173 @@ def test_library_names_carry_the_key_and_no_scratch_is_left(gcc_calls, build_cac
     for name in libraries(build_cache):
         stem, _, key = name[: -len(".so")].rpartition("-")
         assert stem and len(key) == 24 and all(c in "0123456789abcdef" for c in key)
+
+
+# ----------------------------------------------------------------------------- a cache that can't be poisoned
+
+ANSWER = "int cx_answer(void) { return 42; }\n"
+OTHER = "int cx_answer(void) { return 7; }\n"
+
+
+@pytest.fixture(scope="module")
+def good_libraries(tmp_path_factory) -> dict[str, Path]:
+    """Cached libraries of ANSWER and OTHER, built in a cache of their own (copied into fresh caches below, at
+    paths this process never loaded: dlopen returns an already loaded path's handle without reading it)."""
+    cache = tmp_path_factory.mktemp("good-libraries")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CORTEXC_CACHE", str(cache))
+        return {"answer": build.build_shared(ANSWER, "victim"), "other": build.build_shared(OTHER, "victim")}
+
+
+def _damage(kind: str, library: Path, good: dict[str, Path], rng: np.random.Generator) -> None:
+    data = good["answer"].read_bytes()
+    if kind == "truncated":
+        library.write_bytes(data[: len(data) // 2])
+    elif kind == "garbage after the header":
+        library.write_bytes(data[:64] + rng.integers(0, 256, len(data) - 64, dtype=np.uint8).tobytes())
+    elif kind == "random bytes":
+        library.write_bytes(rng.integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    elif kind == "empty":
+        library.write_bytes(b"")
+    elif kind == "a directory":
+        library.mkdir()
+        (library / "inside").write_text("x", encoding="utf-8")
+    elif kind == "another cell's library":
+        library.write_bytes(good["other"].read_bytes())
+    elif kind == "an old library without its trailer":
+        library.write_bytes(data[: -build.TRAILER_SIZE])
+    elif kind == "a sealed file that does not load":  # passes the check, fails dlopen: built again too
+        body = rng.integers(0, 256, 4096, dtype=np.uint8).tobytes()
+        library.write_bytes(body + build._trailer(body, library.stem.rpartition("-")[2]))
+    else:
+        raise AssertionError(kind)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "truncated",
+        "garbage after the header",
+        "random bytes",
+        "empty",
+        "a directory",
+        "another cell's library",
+        "an old library without its trailer",
+        "a sealed file that does not load",
+    ],
+)
+def test_a_damaged_cached_library_is_built_again(kind, tmp_path, monkeypatch, good_libraries, rng):
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path))
+    library = tmp_path / good_libraries["answer"].name
+    _damage(kind, library, good_libraries, rng)
+    calls: list[list[str]] = []
+    real_run = build.run_tool
+    monkeypatch.setattr(build, "run_tool", lambda command: calls.append(command) or real_run(command))
+    assert build.build_shared(ANSWER, "victim") == library
+    assert len([c for c in calls if "-shared" in c]) == 1
+    assert ctypes.CDLL(str(library)).cx_answer() == 42
+    assert build.verify_library(library, library.stem.rpartition("-")[2])
+    assert [p.name for p in tmp_path.iterdir()] == [library.name]  # no scratch left
+
+
+def test_an_intact_cached_library_is_verified_and_reused(tmp_path, monkeypatch, good_libraries):
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path))
+    library = tmp_path / good_libraries["answer"].name
+    library.write_bytes(good_libraries["answer"].read_bytes())
+    monkeypatch.setattr(build, "_build", lambda *args: pytest.fail("an intact library was built again"))
+    assert build.build_shared(ANSWER, "victim") == library
+
+
+FAKE_CC = """#!/bin/sh
+# a compiler that answers questions at once and hangs on a build (its pid in $FAKE_CC_PIDS)
+case " $* " in *" -shared "*) echo $$ >> "$FAKE_CC_PIDS"; exec sleep 60;; esac
+echo "fake-cc 1.0"
+"""
+
+
+@pytest.fixture
+def hanging_cc(tmp_path, monkeypatch):
+    compiler = tmp_path / "hanging-cc"
+    compiler.write_text(FAKE_CC, encoding="utf-8")
+    compiler.chmod(0o755)
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("FAKE_CC_PIDS", str(pids))
+    yield str(compiler), pids
+    for pid in pids.read_text().split() if pids.exists() else []:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead too
+    status = Path(f"/proc/{pid}/stat")
+    return not (status.exists() and status.read_text().split(")")[-1].split()[0] == "Z")
+
+
+def test_a_compiler_that_never_exits_is_stopped(hanging_cc, tmp_path, monkeypatch):
+    compiler, pids = hanging_cc
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CORTEXC_BUILD_TIMEOUT", "1")
+    started = time.monotonic()
+    with pytest.raises(cortexc.BuildError, match="did not finish within 1 s"):
+        build.build_shared(ANSWER, "hangs", compiler=compiler)
+    assert time.monotonic() - started < 10
+    (pid,) = map(int, pids.read_text().split())
+    assert not _alive(pid)
+    assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_a_build_killed_midway_leaves_nothing_that_lasts(hanging_cc, tmp_path, monkeypatch):
+    """SIGKILL during a build leaves its scratch directory; a later build removes it once no live build can
+    own it (and keeps a young one: that may be another process building now)."""
+    compiler, pids = hanging_cc
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("CORTEXC_CACHE", str(cache))
+    script = f"from cortexc.runtime import build; build.build_shared({ANSWER!r}, 'killed', compiler={compiler!r})"
+    victim = subprocess.Popen([sys.executable, "-c", script], cwd=REPO)
+    try:
+        deadline = time.monotonic() + 30
+        while not pids.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pids.exists(), "the build never started"
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+    (left,) = cache.iterdir()
+    assert left.name.startswith(".build-killed-")
+    legacy = cache / "tmpab12cd34"  # what tempfile left before scratch had its own prefix
+    legacy.mkdir()
+    young = cache / ".build-other-x1y2z3"
+    young.mkdir()
+    old = time.time() - build.build_timeout() - 120
+    for path in (left, legacy):
+        os.utime(path, (old, old))
+    library = build.build_shared(ANSWER, "after")
+    assert sorted(p.name for p in cache.iterdir()) == sorted([library.name, young.name])
+
+
+def test_a_failing_compiler_says_how_it_failed(tmp_path, monkeypatch):
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path))
+    with pytest.raises(cortexc.BuildError, match=r"/bin/false exited with status 1:\n\(it printed nothing\)"):
+        build.build_shared(ANSWER, "nothing", compiler="/bin/false")
+
+
+def test_the_emulator_without_gxx_asks_for_gxx(tmp_path, monkeypatch):
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path))
+    real_which = build.shutil.which
+    monkeypatch.setattr(build.shutil, "which", lambda name: None if name == "g++" else real_which(name))
+    build.compiler_version.cache_clear()
+    try:
+        with pytest.raises(cortexc.BuildError, match=r"needs g\+\+ for device='cuda-emu'"):
+            from cortexc.runtime.cuda_emulated import build_emulated
+
+            build_emulated("int f(void) { return 0; }", "noemu")
+    finally:
+        build.compiler_version.cache_clear()
 
 
 # ----------------------------------------------------------------------------- build errors
@@ -407,6 +579,69 @@ def test_concurrent_loads_of_the_same_cell(tmp_path, monkeypatch, cell_files):
     assert all(code == 0 for code, _ in reports), reports
 
 
+@pytest.mark.parametrize("cache", ["cold", "warm"])
+def test_threads_loading_the_same_cell_all_get_its_classes(cache, tmp_path, monkeypatch, cell_files):
+    """The package module is in sys.modules before it has run: no thread may take it from there half-made."""
+    import threading
+
+    cell = f"Threads{cache.title()}"  # a cell of its own: a module name never imported before
+    path = write_cell(cell_files, TINY.replace("Tiny", cell), f"threads_{cache}")
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path / cache))
+    if cache == "warm":
+        # built and installed by another process: on disk, not in this one's sys.modules
+        script = f"import cortexc; cortexc.load({str(path)!r}, {str(tmp_path / 'warm-out')!r})"
+        subprocess.run([sys.executable, "-c", script], cwd=REPO, check=True)
+    from cortexc.runtime import model
+
+    real_load_package = model.load_package
+
+    def slow_load_package(directory):  # what the package runs, made slow: the window in which it is half-made
+        time.sleep(0.2)
+        return real_load_package(directory)
+
+    monkeypatch.setattr(model, "load_package", slow_load_package)
+    start = threading.Barrier(4)
+    results: list[object] = []
+
+    def load() -> None:
+        start.wait()
+        try:
+            results.append(getattr(cortexc.load(path, tmp_path / f"{cache}-out"), cell))
+        except Exception as err:  # noqa: BLE001 - every failure is reported
+            results.append(err)
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(isinstance(r, type) for r in results), results
+    assert len(set(results)) == 1
+
+
+def test_an_identical_package_that_appears_meanwhile_is_never_moved(tmp_path, monkeypatch):
+    """Two writers into one empty cache: the second must not move the first's package (being imported) aside."""
+    from cortexc.codegen import module
+
+    files = {"__init__.py": "X = 1\n", "cell.json": "{}\n"}
+    installed = module._install(tmp_path, "pkg", files)
+    inode = installed.stat().st_ino
+    real = module._same_contents
+    looks = []
+
+    def late_look(directory, contents):  # the second writer's first look found nothing: the first was not done
+        looks.append(directory)
+        return len(looks) > 1 and real(directory, contents)
+
+    monkeypatch.setattr(module, "_same_contents", late_look)
+    assert module._install(tmp_path, "pkg", files) == installed
+    assert installed.stat().st_ino == inode
+    assert [p.name for p in tmp_path.iterdir()] == ["pkg"]
+    other = {"__init__.py": "X = 2\n", "cell.json": "{}\n"}  # a different package is replaced
+    assert (module._install(tmp_path, "pkg", other) / "__init__.py").read_text() == "X = 2\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["pkg"]
+
+
 def test_compiled_package_directory_is_readable_by_others(tmp_path):
     """`cortexc compile -o build/` makes a package for everyone who can read build/ (not a 0700 temp dir)."""
     out = tmp_path / "out"
@@ -422,3 +657,66 @@ def test_package_name_is_importable(file):
 
     name = package_name(file)
     assert name.isidentifier() and not keyword.iskeyword(name), name
+
+
+# ----------------------------------------------------------------------------- where cortexc writes
+
+
+@pytest.mark.parametrize("where", ["a file", "below a file"])
+def test_a_cache_that_cannot_be_a_directory_is_an_output_error(where, tmp_path, monkeypatch, cell_files):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("", encoding="utf-8")
+    monkeypatch.setenv("CORTEXC_CACHE", str(blocker if where == "a file" else blocker / "cache"))
+    with pytest.raises(cortexc.OutputError, match="the cortexc cache .* cannot be made"):
+        cortexc.load(write_cell(cell_files, TINY))
+
+
+def test_a_full_disk_while_building_or_installing_is_an_output_error(tmp_path, monkeypatch, cell_files):
+    import errno
+    import tempfile
+
+    from cortexc.codegen import module
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(build.tempfile, "mkdtemp", full)
+    with pytest.raises(cortexc.OutputError, match="cannot write the library .* No space left"):
+        build.build_shared(ANSWER, "full")
+    monkeypatch.setattr(build.tempfile, "mkdtemp", tempfile.mkdtemp)
+    monkeypatch.setattr(module.tempfile, "mkdtemp", full)
+    with pytest.raises(cortexc.OutputError, match="cannot write the package tiny .* No space left"):
+        cortexc.load(write_cell(cell_files, TINY), tmp_path / "out")
+
+
+@pytest.mark.parametrize("damage", ["cell.json garbage", "cell.json missing", "__init__.py broken", "kernel missing"])
+def test_importing_a_damaged_package_is_an_output_error(damage, tmp_path):
+    from cortexc.runtime.loader import import_package
+
+    assert (
+        main(["compile", str(write_cell(tmp_path, TINY.replace("Tiny", "Damaged"), "damaged")), "-o", str(tmp_path)])
+        == 0
+    )
+    package = tmp_path / "damaged"
+    if damage == "cell.json garbage":
+        (package / "cell.json").write_text('{"format": 2, "cells": [', encoding="utf-8")
+    elif damage == "cell.json missing":
+        (package / "cell.json").unlink()
+    elif damage == "__init__.py broken":
+        (package / "__init__.py").write_text("def (:\n", encoding="utf-8")
+    else:
+        (package / "Damaged.c").unlink()
+    with pytest.raises(cortexc.OutputError, match=f"the package {package} is damaged"):
+        import_package(package)
+
+
+def test_a_build_says_it_is_building_on_a_terminal_only(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path))
+    build.build_shared(ANSWER, "quiet")
+    assert capsys.readouterr().err == ""  # not a terminal: nothing
+    monkeypatch.setattr(build, "_interactive", lambda: True)
+    build.build_shared(OTHER, "told")
+    assert capsys.readouterr().err.startswith("cortexc: building told with gcc (once: cached in ")
+    build.build_shared(OTHER, "told")  # from the cache: nothing to say
+    assert capsys.readouterr().err == ""

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from cortexc.cli import main
-from tests.helpers import EXAMPLES, sst_path
+from tests.helpers import EXAMPLES, REPO, sst_path
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -128,3 +128,83 @@ def test_check_describes_the_blocks_as_written(capsys):
     assert "blocks   node (leaves run it with no children)" in capsys.readouterr().out
     assert main(["check", str(EXAMPLES / "treernn.cell")]) == 0
     assert "blocks   leaf, node" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- bad arguments, one line each
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["run", "CELL", "--limit", "-5"], "argument --limit: expected a positive integer, got '-5'"),
+        (["run", "CELL", "--limit", "0"], "argument --limit: expected a positive integer, got '0'"),
+        (["run", "CELL", "--repeats", "0"], "argument --repeats: expected a positive integer, got '0'"),
+        (["run", "CELL", "--seed", "-1"], "argument --seed: expected a non-negative integer, got '-1'"),
+    ],
+)
+def test_bad_counts_are_usage_errors(argv, message, capsys):
+    argv = [str(EXAMPLES / "treernn.cell") if a == "CELL" else a for a in argv]
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_ctrl_c_is_one_line_and_status_130(monkeypatch, capsys):
+    import cortexc.cli as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_check", interrupted)
+    assert main(["check", str(EXAMPLES / "treernn.cell")]) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+
+
+def test_errors_at_run_time_have_the_error_prefix_and_name_the_trees_file(tmp_path, capsys):
+    trees = tmp_path / "bad.ptb"
+    trees.write_text("(1 (2 a) (3 b)\n", encoding="utf-8")
+    assert main(["run", str(EXAMPLES / "treernn.cell"), "--trees", str(trees)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {trees}: line 1") and err.count("\n") == 1
+    trees.write_bytes(b"(1 caf\xe9)\n")
+    assert main(["run", str(EXAMPLES / "treernn.cell"), "--trees", str(trees)]) == 1
+    assert capsys.readouterr().err == f"error: {trees}: not UTF-8 text (byte 0xe9)\n"
+
+
+def test_out_naming_a_file_says_so(tmp_path, capsys):
+    out = tmp_path / "a_file"
+    out.write_text("", encoding="utf-8")
+    assert main(["compile", str(EXAMPLES / "treernn.cell"), "-o", str(out)]) == 1
+    assert capsys.readouterr().err == f"error: -o {out}: that is a file; the package goes into a directory\n"
+
+
+def test_version_and_python_dash_m():
+    import cortexc
+
+    for command in ([sys.executable, "-m", "cortexc", "--version"], [sys.executable, "-m", "cortexc.cli", "--version"]):
+        result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+        assert result.returncode == 0 and result.stdout == f"cortexc {cortexc.__version__}\n", result.stderr
+
+
+def test_run_runs_the_interpreter_once_or_not_at_all(monkeypatch, capsys):
+    from cortexc.runtime import reference
+
+    calls = []
+    real = reference.run_linearized
+    monkeypatch.setattr(reference, "run_linearized", lambda *a: calls.append(1) or real(*a))
+    assert main(["run", str(EXAMPLES / "treernn.cell"), "--limit", "3", "--repeats", "1"]) == 0
+    assert len(calls) == 1 and "eager (interp)" in capsys.readouterr().out
+    assert main(["run", str(EXAMPLES / "treernn.cell"), "--limit", "3", "--repeats", "1", "--no-eager"]) == 0
+    out = capsys.readouterr().out
+    assert len(calls) == 1 and "compiled (cpu)" in out and "eager" not in out
+
+
+def test_dump_ir_says_what_it_wrote_and_help_shows_defaults(tmp_path, capsys):
+    dump = tmp_path / "ir"
+    assert main(["check", str(EXAMPLES / "treernn.cell"), "--dump-ir", str(dump)]) == 0
+    count = len([p for p in dump.iterdir()])
+    assert f"wrote {count} IR and program dumps to {dump}/" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    assert "(default: 5)" in capsys.readouterr().out

@@ -51,3 +51,82 @@ def test_only_some_upstream_gradients(rng, tmp_path_factory, monkeypatch):
     assert not grads_c["W_s"].any() and not grads_c["b_s"].any()
     for name, expected in grads_r.items():
         assert np.allclose(grads_c[name], expected, rtol=1e-5, atol=1e-6 * np.abs(expected).max())
+
+
+CHAIN = """
+cell Chain on tree {
+    dim X = 3, H = 4
+    input x[X]
+    param W[H, X], U[H, H]
+    state h[H]
+    node { h = tanh(W @ x + sum(U @ child.h)) }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def chain_module(tmp_path_factory):
+    path = tmp_path_factory.mktemp("chain") / "chain.cell"
+    path.write_text(CHAIN, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("device", ["cpu", "interp"])
+def test_backward_takes_only_the_result_of_the_model_that_made_it(device, chain_module, tmp_path, rng):
+    """Another model's saved state has another layout (here: other dims): reading it would be out of bounds."""
+    small = cortexc.load(chain_module, out_dir=tmp_path / "small").Chain(device=device)
+    twin = cortexc.load(chain_module, out_dir=tmp_path / "small").Chain(device=device)
+    wide = cortexc.load(chain_module, out_dir=tmp_path / "wide", H=40).Chain(device=device)
+    forest = Forest.from_parents([-1, *range(199)])  # a chain: the backward walks every saved row
+    inputs = random_inputs(wide.cell, forest, rng)
+    out = wide(forest, grad=True, **inputs)
+    upstream = {"h": np.ones((forest.num_nodes, 4), np.float32)}
+    for other in (small, twin):
+        with pytest.raises(cortexc.InputError, match="result of another model"):
+            other.backward(out, upstream)
+    own = twin(forest, grad=True, **inputs)
+    with pytest.raises(cortexc.InputError, match="result of another model"):
+        small.backward(own, upstream)
+    assert set(twin.backward(own, upstream)) == {"W", "U", "x"}
+
+
+@pytest.mark.parametrize("device", ["cpu", "interp"])
+def test_editing_results_or_inputs_does_not_change_the_backward(device, chain_module, tmp_path, rng):
+    model = cortexc.load(chain_module, out_dir=tmp_path).Chain(device=device, seed=2)
+    forest = Forest.random(6, rng=rng, max_children=3)
+    inputs = random_inputs(model.cell, forest, rng)
+    upstream = {"h": rng.standard_normal((forest.num_nodes, 4)).astype(np.float32)}
+    out = model(forest, grad=True, **inputs)
+    before = model.backward(out, upstream)
+    out["h"] *= 0
+    inputs["x"] *= 0
+    after = model.backward(out, upstream)
+    for name, expected in before.items():
+        assert np.array_equal(after[name], expected), name
+
+
+def test_load_params_during_a_call_neither_mixes_nor_frees_the_weights_in_use(chain_module, tmp_path, rng):
+    """ctypes lets go of the GIL: another thread may call load_params while the C code runs. The call keeps
+    the weights it started with alive and whole (seen here from inside the call, deterministically)."""
+    import gc
+    import weakref
+
+    model = cortexc.load(chain_module, out_dir=tmp_path).Chain(device="cpu", seed=1)
+    forest = Forest.random(5, rng=rng, max_children=3)
+    inputs = random_inputs(model.cell, forest, rng)
+    expected = model(forest, **inputs)["h"]
+    executor = model._executor_for_device()
+    in_use = [weakref.ref(array) for arrays in executor._weights for array in arrays]
+    launch = executor._launch_forward
+    swapped = {k: np.zeros_like(v) for k, v in model.params.items()}
+
+    def load_params_midway(call, lin):
+        model.load_params(swapped)  # what the other thread does
+        gc.collect()
+        assert all(ref() is not None for ref in in_use), "the weights of the running call were freed"
+        launch(call, lin)
+
+    executor._launch_forward = load_params_midway
+    np.testing.assert_array_equal(model(forest, **inputs)["h"], expected)
+    executor._launch_forward = launch
+    assert not model(forest, **inputs)["h"].any()  # the next call has the new params (all zero: tanh(0))

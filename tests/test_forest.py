@@ -648,3 +648,28 @@ def test_dtypes_and_accessors() -> None:
         forest.parents_of(-1)
     with pytest.raises(IndexError):
         forest.level_nodes(forest.num_levels)
+
+
+# ----------------------------------------------------------------------------- PTB text at its edges
+
+
+@pytest.mark.parametrize("label", ["+1", "1_0", "٣", "1" * 5000, "２"])
+def test_ptb_labels_are_ascii_integers(label):
+    with pytest.raises(ForestError, match="label .* (is not an integer|does not fit in int32)") as info:
+        Forest.from_ptb([f"(1 (2 a) ({label} b))"])
+    assert "line 1" in str(info.value)
+
+
+def test_ptb_bytes_that_are_not_utf8_are_a_forest_error():
+    with pytest.raises(ForestError, match=r"not UTF-8 text \(byte 0xff"):
+        Forest.from_ptb(b"(1 \xff)")
+    with pytest.raises(ForestError, match=r"line 2 is not UTF-8 text"):
+        Forest.from_ptb([b"(1 a)", b"(1 \xff)"])
+
+
+@pytest.mark.parametrize("blank", ["", "   ", "\t", " \t \r", "\f"])
+def test_ptb_blank_lines_are_skipped_whatever_their_whitespace(blank):
+    forest = Forest.from_ptb(["(1 (2 a) (3 b))", blank, "(4 c)"])
+    assert forest.num_trees == 2 and forest.num_nodes == 4
+    with pytest.raises(ForestError, match="line 3"):  # lines are still counted
+        Forest.from_ptb(["(1 a)", blank, "(1 a"])

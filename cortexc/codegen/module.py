@@ -13,6 +13,7 @@ are ready: a failed compile leaves nothing half-written.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import keyword
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from cortexc import __version__
 from cortexc.codegen.render import abi, environment
 from cortexc.codegen.target import TARGETS
+from cortexc.errors import OutputError
 from cortexc.ir.cell import Cell
 from cortexc.ir.program import Program, width
 from cortexc.ir.signature import cell_signature
@@ -146,15 +148,21 @@ def package_files(source: str, source_file: str, options: CompileOptions, render
 
 def install_package(out: Path, package: PackageFiles) -> Path:
     """Put the package in `out/<name>/` whole or not at all; returns its path."""
-    return _install(out, package.name, dict(package.files))
+    try:
+        return _install(out, package.name, dict(package.files))
+    except OSError as err:  # a read-only or full disk, `out` a file or below one
+        where = err.filename or out
+        raise OutputError(f"cannot write the package {package.name} to {out}: {where}: {err.strerror or err}") from None
 
 
 def _install(out: Path, name: str, files: dict[str, str]) -> Path:
     """Put the package in `out/name` whole or not at all; an identical package already there is kept as is.
 
-    The files are written to a staging directory and renamed into place, so a
-    reader never sees a half-written package, and concurrent writers of the
-    same package (several processes calling `cortexc.load`) all succeed.
+    The files are written to a staging directory and renamed into place only where nothing is (a rename
+    onto a non-empty directory fails), so a reader never sees a half-written package, and a complete
+    identical package, one another process may be importing, is never moved: concurrent writers of the
+    same package (several processes calling `cortexc.load` into one cache) all succeed. Only a different
+    package in the way is moved aside, then the rename is tried again.
     """
     out.mkdir(parents=True, exist_ok=True)
     final = out / name
@@ -167,21 +175,29 @@ def _install(out: Path, name: str, files: dict[str, str]) -> Path:
         os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it private; a package is as readable as any file
         for file_name, text in files.items():
             (staging / file_name).write_text(text, encoding="utf-8")
-        if final.is_symlink() or final.is_file():
-            final.unlink()
-        elif final.exists():
+        for _ in range(_INSTALL_ATTEMPTS):
+            if final.is_symlink() or final.is_file():
+                with contextlib.suppress(FileNotFoundError):
+                    final.unlink()
+            try:
+                os.replace(staging, final)  # only onto nothing (or an empty directory)
+                return final
+            except OSError as err:
+                if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+            if _same_contents(final, files):  # another writer installed this same package first
+                return final
             retired = Path(tempfile.mkdtemp(prefix=f".{name}-old-", dir=out))
             with contextlib.suppress(FileNotFoundError):  # another writer may have moved it first
                 os.replace(final, retired / name)
             shutil.rmtree(retired, ignore_errors=True)
-        try:
-            os.replace(staging, final)
-        except OSError:
-            if not _same_contents(final, files):  # a concurrent writer installed something else
-                raise
+        raise OSError(errno.EBUSY, f"other processes keep installing different packages at {final}")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return final
+
+
+#: how often a different package in the way is moved aside before giving up (other writers keep racing)
+_INSTALL_ATTEMPTS = 5
 
 
 def _same_contents(directory: Path, files: dict[str, str]) -> bool:

@@ -56,13 +56,26 @@ from cortexc.runtime.abi import LAUNCH_MODES, STRUCTS, c_typedef
 
 @functools.cache
 def environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.PackageLoader("cortexc.codegen", "templates"),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
+    env.filters["c_comment"] = c_comment_text
+    env.filters["py_docstring"] = py_docstring_text
+    return env
+
+
+def c_comment_text(text: str) -> str:
+    """User text (a file name) made safe inside a C `/* */` comment: ASCII, escapes shown, no `*/`."""
+    return str(text).encode("unicode_escape").decode("ascii").replace("*/", "*\\/")
+
+
+def py_docstring_text(text: str) -> str:
+    """User text made safe inside a Python `\"\"\"` docstring: backslashes, quotes, non-ASCII escaped."""
+    return str(text).encode("unicode_escape").decode("ascii").replace('"', '\\"')
 
 
 def abi(cell: Cell, program: Program) -> dict[str, list[str]]:

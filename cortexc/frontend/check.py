@@ -12,6 +12,7 @@ can; the first error is raised with the rest in ``.others``.
 from __future__ import annotations
 
 import difflib
+import keyword
 import math
 import numbers
 from collections.abc import Iterable, Mapping
@@ -73,8 +74,10 @@ def check_module(module: ast.Module, defines: Mapping[str, int] | None = None) -
     defines = dict(defines or {})
     sink = ErrorSink()
     for name, value in list(defines.items()):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            sink.report(f"-D {name}={value!r}: a dim must be a positive integer", None, DimError)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= MAX_DIM:
+            small = isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1
+            bound = "a positive integer" if small else f"at most {MAX_DIM}"
+            sink.report(f"-D {name}={value!r}: a dim must be {bound}", None, DimError)
             del defines[name]  # checked with its default instead, so no error follows from it
     seen_cells: dict[str, ast.CellDef] = {}
     declared: list[DeclaredCell] = []
@@ -84,6 +87,7 @@ def check_module(module: ast.Module, defines: Mapping[str, int] | None = None) -
             sink.report(f"duplicate cell '{cell_def.name}' (first defined at line {first.line})", cell_def.loc)
             continue
         seen_cells[cell_def.name] = cell_def
+        _check_cell_name(cell_def, sink)
         result = _check_cell(cell_def, defines, sink)
         if result is not None:
             declared.append(result)
@@ -99,6 +103,35 @@ def check_module(module: ast.Module, defines: Mapping[str, int] | None = None) -
             )
     sink.raise_if_any()
     return declared
+
+
+#: the largest dim (a `-D` value too), and the most elements of one param, input, state or output: the kernels
+#: index rows with 32-bit integers, and params are initialised in float64 first
+MAX_DIM = 1 << 24
+MAX_ELEMENTS = (1 << 31) - 1
+
+#: the largest magnitude of an init's numbers: values drawn from it stay finite in float32
+MAX_INIT = 1e30
+
+#: the longest cell name: it names the cell's kernel files and libraries (a file name has 255 bytes at most)
+MAX_CELL_NAME = 100
+
+#: the keywords of `model(forest, grad=False, host=True, **inputs)` (and its `self`): no input can be passed so
+RESERVED_INPUTS = frozenset({"forest", "grad", "host", "self"})
+
+
+def _check_cell_name(cell_def: ast.CellDef, sink: ErrorSink) -> None:
+    """A cell is a class of its generated Python package, named as the cell: the name must be able to be one."""
+    name = cell_def.name
+    if keyword.iskeyword(name):
+        sink.report(f"cell name '{name}' is a Python keyword: the cell is a Python class of that name", cell_def.loc)
+    elif name.startswith("_"):
+        sink.report(f"cell name '{name}' starts with '_': such names are kept for the generated package", cell_def.loc)
+    elif len(name) > MAX_CELL_NAME:
+        sink.report(
+            f"cell name '{name[:20]}...' has {len(name)} characters, at most {MAX_CELL_NAME} (it names files)",
+            cell_def.loc,
+        )
 
 
 def _check_cell(cell_def: ast.CellDef, defines: Mapping[str, int], sink: ErrorSink) -> DeclaredCell | None:
@@ -147,6 +180,9 @@ def _check_cell(cell_def: ast.CellDef, defines: Mapping[str, int], sink: ErrorSi
         if isinstance(item, ast.DimDecl) and declare(item.name, "a dim", item.loc):
             if not item.value.is_int or int(item.value.text) < 1:
                 sink.report(f"dim {item.name} must be a positive integer, not {item.value.text}", item.value.loc)
+            elif int(item.value.text) > MAX_DIM:
+                sink.report(f"dim {item.name} = {item.value.text} is too large (at most {MAX_DIM})", item.value.loc)
+            if not item.value.is_int or not 1 <= int(item.value.text) <= MAX_DIM:
                 dims[item.name] = 1
             else:
                 dims[item.name] = int(defines.get(item.name, int(item.value.text)))
@@ -164,6 +200,9 @@ def _check_cell(cell_def: ast.CellDef, defines: Mapping[str, int], sink: ErrorSi
                 sink.report(f"sizes must be positive, but this one is {size}", expr_loc(expr))
                 return None
             sizes.append(size)
+        if math.prod(sizes) > MAX_ELEMENTS:
+            sink.report(f"{what} would have {math.prod(sizes):,} elements, at most {MAX_ELEMENTS:,}", loc)
+            return None
         return tuple(sizes)
 
     params: list[ir.ParamDecl] = []
@@ -173,6 +212,13 @@ def _check_cell(cell_def: ast.CellDef, defines: Mapping[str, int], sink: ErrorSi
     for item in cell_def.items:
         if isinstance(item, ast.InputDecl):
             if not declare(item.name, "an input", item.loc):
+                continue
+            if item.name in RESERVED_INPUTS:
+                sink.report(
+                    f"an input cannot be named '{item.name}': inputs are passed as keywords of "
+                    "model(forest, grad=False, host=True, **inputs), which has its own",
+                    item.loc,
+                )
                 continue
             if item.index_range is not None:
                 size = const_int(item.index_range, dims, sink, "an index range")
@@ -237,6 +283,9 @@ def _check_init(item: ast.ParamDecl, shape: Shape | None, sink: ErrorSink) -> ir
     expected = INIT_ARITY[spec.name]
     if len(spec.args) != expected:
         sink.report(f"init {spec.name} takes {expected} numbers, got {len(spec.args)}", spec.loc)
+        return None
+    if any(not abs(a) <= MAX_INIT for a in spec.args):
+        sink.report(f"init {spec.name}: its numbers must be at most {MAX_INIT:g} in magnitude", spec.loc)
         return None
     if spec.name == "uniform" and not spec.args[0] < spec.args[1]:
         sink.report(f"uniform(a, b) needs a < b, got uniform({spec.args[0]:g}, {spec.args[1]:g})", spec.loc)

@@ -7,14 +7,19 @@ tokens the grammar would have accepted written as the user would type them.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Iterable
 from importlib import resources
+from pathlib import Path
 
 import lark
 from lark import Token, Transformer, v_args
 
-from cortexc.errors import CellSyntaxError, SourceLoc
+from cortexc.errors import CellSyntaxError, SourceError, SourceLoc
 from cortexc.frontend import ast
+
+#: the longest number literal (few enough digits for `int()`)
+MAX_NUMBER_LENGTH = 100
 
 #: how a terminal that is not a fixed string is described in messages
 _TERMINAL_WORDS = {"NAME": "a name", "NUMBER": "a number", "$END": "end of file"}
@@ -26,9 +31,42 @@ def _lark() -> lark.Lark:
     return lark.Lark(grammar, start="module", parser="lalr", lexer="basic", maybe_placeholders=True)
 
 
+def read_source(path: str | os.PathLike[str]) -> str:
+    """The text of a `.cell` file: UTF-8 (a byte-order mark is skipped), else a located `SourceError`."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as err:
+        raise SourceError(f"cannot read {os.fspath(path)}: {err.strerror or err}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        start = err.start
+        line = data.count(b"\n", 0, start) + 1
+        col = start - (data.rfind(b"\n", 0, start) + 1) + 1
+        text = data.split(b"\n")[line - 1].decode("utf-8", "replace")
+        raise SourceError(
+            f"the file is not UTF-8 text (byte 0x{data[start]:02x})", SourceLoc(os.fspath(path), line, col, text)
+        ) from None
+
+
+def source_lines(source: str) -> list[str]:
+    """The lines as the lexer counts them: only a line feed ends a line (CR LF and a lone CR are made line
+    feeds first); form feeds, NEL and the Unicode separators do not (`str.splitlines` would split there, and
+    the echoed line would not be the one the location names)."""
+    return source.split("\n")
+
+
+def normalize_line_ends(source: str) -> str:
+    """CR LF and lone CR (old Mac files) become LF, so line numbers agree with every editor; a leading
+    byte-order mark goes."""
+    return source.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+
+
 def parse(source: str, file: str = "<string>") -> ast.Module:
     """Parse a whole `.cell` file into an `ast.Module` (raises `CellSyntaxError`)."""
-    lines = source.splitlines()
+    original = source
+    source = normalize_line_ends(source)
+    lines = source_lines(source)
 
     def loc(line: int, col: int) -> SourceLoc:
         text = lines[line - 1] if 0 < line <= len(lines) else ""
@@ -45,11 +83,54 @@ def parse(source: str, file: str = "<string>") -> ast.Module:
         raise CellSyntaxError(_unexpected_message(err.token, err.expected), where) from None
     except lark.exceptions.UnexpectedEOF as err:
         raise CellSyntaxError(_unexpected_message(None, err.expected), _end_loc(lines, file)) from None
-    cells = _ToAst(loc).transform(tree)
-    return ast.Module(cells=tuple(cells), file=file, source=source)
+    _check_nesting(tree, loc)
+    try:
+        cells = _ToAst(loc).transform(tree)
+    except lark.exceptions.VisitError as err:  # lark wraps what a transformer method raises
+        if isinstance(err.orig_exc, CellSyntaxError):
+            raise err.orig_exc from None
+        raise
+    return ast.Module(cells=tuple(cells), file=file, source=original)
+
+
+#: the deepest parse tree the front end takes (a cell, its block, a statement, then the expression's own
+#: nesting: about 195 levels of operators or calls). Its walks (the transformer, checking, lowering)
+#: recurse on expressions, a few Python frames a level: the limit keeps them far from Python's.
+MAX_NESTING = 200
+
+
+def _check_nesting(tree: lark.Tree, loc) -> None:
+    """A `CellSyntaxError` at the first token too deep in `tree` (walked with a stack, not recursion)."""
+    stack: list[tuple[lark.Tree | Token, int]] = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, Token):
+            continue
+        if depth > MAX_NESTING:
+            token = _first_token(node)
+            where = loc(token.line, token.column) if token is not None else None
+            raise CellSyntaxError(
+                f"expression nested too deeply (over {MAX_NESTING} levels of operators and calls): "
+                "split it into statements of their own",
+                where,
+            )
+        stack.extend((child, depth + 1) for child in node.children if child is not None)
+
+
+def _first_token(tree: lark.Tree) -> Token | None:
+    stack: list[lark.Tree | Token | None] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Token):
+            return node
+        if node is not None:
+            stack.extend(reversed(node.children))
+    return None
 
 
 def _end_loc(lines: list[str], file: str) -> SourceLoc:
+    while len(lines) > 1 and not lines[-1].strip():
+        lines = lines[:-1]  # the last line with text (the file may end in line feeds)
     if not lines:
         return SourceLoc(file, 1, 1, "")
     return SourceLoc(file, len(lines), len(lines[-1]) + 1, lines[-1])
@@ -147,7 +228,7 @@ class _ToAst(Transformer):
 
     def signed(self, *parts):
         *sign, number = parts
-        value = float(number)
+        value = self._number(number).value
         return -value if sign and sign[0] is not None and str(sign[0]) == "-" else value
 
     def state_decl(self, keyword, *items):
@@ -185,7 +266,13 @@ class _ToAst(Transformer):
 
     # --- expressions -------------------------------------------------------
     def _number(self, token):
-        return ast.Number(str(token), self._at(token))
+        text = str(token)
+        if len(text) > MAX_NUMBER_LENGTH:  # int() refuses over 4300 digits; nothing real is this long
+            raise CellSyntaxError(
+                f"number {text[:12]}...{text[-8:]} has {len(text)} characters, at most {MAX_NUMBER_LENGTH}",
+                self._at(token),
+            )
+        return ast.Number(text, self._at(token))
 
     def number(self, token):
         return self._number(token)

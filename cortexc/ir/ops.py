@@ -281,10 +281,11 @@ def _d_gelu_grad(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Iterato
 
 
 def _d_silu(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Iterator[int | None]:
-    """silu'(x) = s (1 + x (1 - s)) = s (1 + x - y) with s = sigmoid(x): finite at +-100 in float32."""
+    """silu'(x) = s (1 + x (1 - s)) with s = sigmoid(x): 1 - s is exactly 0 for large x, so x (1 - s) is
+    too, and the derivative 1 (not `1 + x - y`, which cancels to 0 at 1e30 in float32)."""
     (a,) = args
     s = d.op(Op.SIGMOID, a)
-    yield d.op(Op.MUL, g, d.op(Op.MUL, s, d.op(Op.SUB, d.op(Op.ADD, d.const(1.0), a), y)))
+    yield d.op(Op.MUL, g, d.op(Op.MUL, s, d.op(Op.ADD, d.const(1.0), d.op(Op.MUL, a, d.op(Op.SUB, d.const(1.0), s)))))
 
 
 def _d_sqrt(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Iterator[int | None]:
@@ -325,7 +326,11 @@ OPS: dict[Op, OpDef] = {
             "cx_sigmoid({0})",
             _d_sigmoid,
             0.5,
-            c_helper="float cx_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }",
+            # expf(-|x|) is in (0, 1]: never the 1 / (1 + inf) that fast-math's vectorised reciprocal turns to NaN
+            c_helper=(
+                "float cx_sigmoid(float x) { const float e = expf(-fabsf(x)), r = 1.0f / (1.0f + e);"
+                " return x >= 0.0f ? r : e * r; }"
+            ),
         ),
         OpDef(Op.TANH, _U, "tanh", same_shape, np.tanh, "tanhf({0})", _d_tanh, 0.0),
         OpDef(Op.RELU, _U, "relu", same_shape, lambda x: np.maximum(x, 0), "fmaxf({0}, 0.0f)", _d_relu, 0.0),
@@ -363,9 +368,23 @@ OPS: dict[Op, OpDef] = {
             "cx_silu({0})",
             _d_silu,
             0.0,
-            c_helper="float cx_silu(float x) { return x / (1.0f + expf(-x)); }",
+            c_helper=(  # x * sigmoid(x), the sigmoid as cx_sigmoid's (no inf in a denominator)
+                "float cx_silu(float x) { const float e = expf(-fabsf(x)), r = 1.0f / (1.0f + e);"
+                " return x * (x >= 0.0f ? r : e * r); }"
+            ),
         ),
-        OpDef(Op.SQRT, _U, "sqrt", same_shape, _sqrt, "sqrtf({0})", _d_sqrt, 0.0),
+        OpDef(
+            Op.SQRT,
+            _U,
+            "sqrt",
+            same_shape,
+            _sqrt,
+            "cx_sqrt({0})",
+            _d_sqrt,
+            0.0,
+            # fast-math's vectorised sqrt is x * rsqrt(x): NaN at inf (inf * 0), so inf is passed through
+            c_helper="float cx_sqrt(float x) { return x < FLT_MAX ? sqrtf(x) : x; }",
+        ),
         OpDef(Op.SOFTMAX, _V, "softmax", vector_shape, _softmax, "out_row[j] / total", _d_softmax, None),
         OpDef(
             Op.LOG_SOFTMAX,

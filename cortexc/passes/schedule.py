@@ -66,6 +66,11 @@ from cortexc.ir.program import (
 ELEMENTWISE = BINARY_OPS | UNARY_OPS
 
 
+#: the deepest expression tree a loop inlines; a deeper one materialises the value that would pass it (a
+#: 166-step chain of `t = tanh(t) + b` is then a few loops, not one expression codegen recurses through)
+MAX_INLINE_DEPTH = 32
+
+
 def schedule(cell: Cell) -> Program:
     if cell.leaf is None:
         raise ValueError("schedule needs a specialised cell (run `specialize` first)")
@@ -244,6 +249,12 @@ def _kernel(role: KernelRole, rows: Rows, body: Body, cell: Cell, packed: dict, 
         places.append(Place(PlaceKind.BUFFER, new_buffer(value)))
         steps.append(Loop(index, places[-1].buffer, 0, row_kind(value), width(value)))
 
+    def inline_depth(index: int) -> int:
+        """How deep the expression tree of value `index` would be if inlined (its inlined args nest in it)."""
+        nested = [depth[a] for a in values[index].args if places[a].kind == PlaceKind.INLINE]
+        return 1 + max(nested, default=0)
+
+    depth: list[int] = []  # of each value placed INLINE (0 otherwise)
     for index, value in enumerate(values):
         op = value.op
         if index in glue:
@@ -299,12 +310,14 @@ def _kernel(role: KernelRole, rows: Rows, body: Body, cell: Cell, packed: dict, 
                 steps.append(Loop(arg, buffer_name, column, row_kind(value), width(values[arg]), compute=False))
                 column += width(values[arg])
         elif op in ELEMENTWISE or op == Op.PAD:
-            if needs_address[index] or (uses[index] >= 2 and op != Op.NEG):
+            too_deep = inline_depth(index) > MAX_INLINE_DEPTH  # long chains: C text and codegen stay shallow
+            if needs_address[index] or (uses[index] >= 2 and op != Op.NEG) or too_deep:
                 materialize(index, value)
             else:
                 places.append(Place(PlaceKind.INLINE))
         else:  # pragma: no cover - every op is placed above
             raise NotImplementedError(f"schedule has no rule for {op}")
+        depth.append(inline_depth(index) if places[index].kind == PlaceKind.INLINE else 0)
 
     steps += accumulate
     for result_name, index in body.results:

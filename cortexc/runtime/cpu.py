@@ -67,8 +67,10 @@ class CpuExecutor:
         _default_wait_policy()
         self.lib = load_library(library_path)
         self._declare_entry_points()
-        self._params: list[np.ndarray] = []
-        self._packed: list[np.ndarray] = []
+        # params and packed weights as one value, replaced whole: a call takes it once and keeps it alive, so
+        # a `load_params` from another thread during a call (ctypes lets go of the GIL) neither mixes old and
+        # new weights nor frees the ones the C code is reading
+        self._weights: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
 
     def _declare_entry_points(self) -> None:
         self.lib.cx_forward.argtypes = [ctypes.POINTER(CxCall)]
@@ -99,23 +101,25 @@ class CpuExecutor:
     def set_params(self, params: Mapping[str, np.ndarray]) -> None:
         """Keep the params and pack the GEMM weights (stacked as the program says) once."""
         abi = self.spec["abi"]
-        self._params = [np.ascontiguousarray(params[name], dtype=np.float32) for name in abi["params"]]
-        self.repack(params)
+        arrays = [np.ascontiguousarray(params[name], dtype=np.float32) for name in abi["params"]]
+        self._weights = (arrays, packed_weights(self.lib, self.spec, params))
 
     def repack(self, params: Mapping[str, np.ndarray]) -> None:
-        """Pack the GEMM weights again from these params (for callers that pass params per call)."""
-        self._packed = packed_weights(self.lib, self.spec, params)
+        """Pack the GEMM weights again from these params (for callers that pass params per call, which
+        `run_forward`/`run_backward` then read with these packed weights)."""
+        self._weights = (self._weights[0], packed_weights(self.lib, self.spec, params))
 
     def _call(
         self,
         lin: Linearized,
         params: Sequence[np.ndarray],
+        packed: Sequence[np.ndarray],
         input_arrays: Sequence[np.ndarray],
         states: Sequence[np.ndarray],
         hoisted: Sequence[np.ndarray],
         outputs: Sequence[np.ndarray],
     ) -> tuple[ctypes.Structure, list[Any]]:
-        """The `cx_call` struct over these arrays, and the pointer tables that must outlive it."""
+        """The `cx_call` struct over these arrays, and what must outlive it (the pointer tables, the weights)."""
         call = CxCall(
             num_nodes=lin.num_nodes,
             num_levels=lin.num_levels,
@@ -129,7 +133,7 @@ class CpuExecutor:
         )
         tables = {
             "params": _pointers(params),
-            "packed": _pointers(self._packed),
+            "packed": _pointers(packed),
             "inputs": _pointers(input_arrays),
             "states": _pointers(states),
             "hoisted": _pointers(hoisted),
@@ -137,7 +141,7 @@ class CpuExecutor:
         }
         for field, table in tables.items():
             setattr(call, field, ctypes.cast(table, _P))
-        return call, list(tables.values())
+        return call, [*tables.values(), params, packed]
 
     def run_forward(
         self,
@@ -147,11 +151,13 @@ class CpuExecutor:
         states: Sequence[np.ndarray],
         hoisted: Sequence[np.ndarray],
         outputs: Sequence[np.ndarray],
+        packed: Sequence[np.ndarray] | None = None,
     ) -> None:
         """The forward into arrays the caller allocated (the ABI's orders and shapes: states with
-        N + 1 rows, the last zero), with the weights packed by the last `set_params`/`repack`. What
-        `forward` does after allocating; `cortexc.torch` calls it with views of torch tensors."""
-        call, _tables = self._call(lin, params, inputs, states, hoisted, outputs)
+        N + 1 rows, the last zero), with `packed` weights or those of the last `set_params`/`repack`.
+        What `forward` does after allocating; `cortexc.torch` calls it with views of torch tensors."""
+        packed = self._weights[1] if packed is None else packed
+        call, _tables = self._call(lin, params, packed, inputs, states, hoisted, outputs)
         if lin.num_nodes:
             self._launch_forward(call, lin)
 
@@ -163,12 +169,14 @@ class CpuExecutor:
         states: Sequence[np.ndarray],
         hoisted: Sequence[np.ndarray],
         grads: Sequence[Sequence[np.ndarray | None]],
+        packed: Sequence[np.ndarray] | None = None,
     ) -> None:
         """The backward into caller-allocated gradient arrays: `grads` is (d_params, d_inputs, d_states,
         d_hoisted, upstream_outputs) as `cx_grad` orders them (zeroed, d_states holding the upstream
         gradients of the states; None for index inputs and for outputs without an upstream)."""
         outputs = [np.empty(0, np.float32) for _ in self.spec["abi"]["outputs"]]
-        call, _tables = self._call(lin, params, inputs, states, hoisted, outputs)
+        packed = self._weights[1] if packed is None else packed
+        call, _tables = self._call(lin, params, packed, inputs, states, hoisted, outputs)
         grad_tables = [_pointers(list(arrays)) for arrays in grads]
         grad = CxGrad(*(ctypes.cast(table, _P) for table in grad_tables))
         if lin.num_nodes:
@@ -189,9 +197,12 @@ class CpuExecutor:
         for out in self.spec["outputs"]:
             rows = len(lin.roots) if out["at_root"] else n
             outputs.append(np.empty((rows, *out["shape"]), np.float32))
-        input_arrays = [inputs[name] for name in abi["inputs"]]
-        self.run_forward(lin, self._params, input_arrays, states, hoisted, outputs)
-        result = {name: state[:n] for name, state in zip(abi["states"], states)}
+        # kept for a backward: the inputs are copied (they may be the caller's arrays) and the states returned
+        # as copies, so editing either afterwards cannot change the gradients (one copy of each, O(N * width))
+        input_arrays = [inputs[name].copy() if keep else inputs[name] for name in abi["inputs"]]
+        params, packed = self._weights  # one value: a concurrent load_params neither mixes nor frees them
+        self.run_forward(lin, params, input_arrays, states, hoisted, outputs, packed)
+        result = {name: state[:n].copy() if keep else state[:n] for name, state in zip(abi["states"], states)}
         result.update(zip(abi["outputs"], outputs))
         return result, (Saved(lin, input_arrays, states, hoisted) if keep else None)
 
@@ -220,7 +231,8 @@ class CpuExecutor:
             for name in abi["outputs"]
         ]
         grads = (d_params, d_inputs, d_states, d_hoisted, upstream_outputs)
-        self.run_backward(lin, self._params, saved.inputs, saved.states, saved.hoisted, grads)
+        params, packed = self._weights
+        self.run_backward(lin, params, saved.inputs, saved.states, saved.hoisted, grads, packed)
         result = dict(zip(abi["params"], d_params))
         result.update((name, d) for name, d in zip(abi["inputs"], d_inputs) if d is not None)
         return result

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from cortexc.errors import CortexcError, InputError
+from cortexc.errors import CortexcError, InputError, OutputError
 from cortexc.runtime.backends import BACKENDS, ExecutorRequest, backend
 from cortexc.runtime.executor import Executor
 from cortexc.runtime.forest import Forest
@@ -69,9 +69,11 @@ def lookup_nodes(forest: Forest, rows: tuple[str, ...]) -> np.ndarray:
 
 
 class Outputs(dict):
-    """A model's results by name; with ``grad=True`` it also carries what `backward` needs."""
+    """A model's results by name; with ``grad=True`` it also carries what `backward` needs, and which
+    model made it (only that model's `backward` takes it: another's saved layout differs)."""
 
     saved: tuple | None = None
+    made_by: object | None = None
 
 
 class _CompiledCell:
@@ -147,6 +149,7 @@ class CellModel:
         result = Outputs(out)
         if grad:
             result.saved = (forest, checked, {s.name: out[s.name] for s in self.signature.states}, kept)
+            result.made_by = self
         return result
 
     def backward(
@@ -154,18 +157,29 @@ class CellModel:
     ) -> dict[str, np.ndarray | SparseRows]:
         """Gradients of every param and every float input, given upstream gradients of outputs/states.
 
+        The result must come from this model's `__call__` with ``grad=True``; editing its arrays (or the
+        inputs given to the call) afterwards does not change the gradients: the executors keep copies.
         With ``sparse=True`` the gradient of a param used only as an embedding table is a `SparseRows`
         of the looked-up rows (the `cortexc.train` optimizers then update only those rows)."""
         saved = getattr(out, "saved", None)
         if saved is None:
             raise CortexcError("backward needs the result of model(forest, grad=True, ...)")
+        if out.made_by is not self:
+            raise InputError(
+                f"backward was given the result of another model ({out.made_by!r}); only the model that "
+                "made a result can take its gradient"
+            )
         forest, inputs, states, kept = saved
+        if not isinstance(upstream, Mapping):
+            raise InputError(f"upstream must map output or state names to gradients, got {type(upstream).__name__}")
         checked = {}
         for name, grad in upstream.items():
             if name not in out:
                 known = ", ".join(out)
                 raise InputError(f"no output or state named {name!r} to take a gradient of (there are: {known})")
             array = np.asarray(grad)
+            if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
+                raise InputError(f"the gradient of {name} must be a float array, got dtype {array.dtype}")
             if array.shape != out[name].shape:
                 raise InputError(f"the gradient of {name} must have shape {out[name].shape}, got {array.shape}")
             checked[name] = np.ascontiguousarray(array, dtype=np.float32)
@@ -175,7 +189,8 @@ class CellModel:
             for embedding in self.signature.embeddings:
                 rows = np.unique(inputs[embedding.index][lookup_nodes(forest, embedding.rows)])
                 dense = grads[embedding.param]
-                assert isinstance(dense, np.ndarray)
+                if not isinstance(dense, np.ndarray):  # pragma: no cover - every executor returns arrays
+                    raise CortexcError(f"the gradient of {embedding.param} is not an array")
                 grads[embedding.param] = SparseRows(rows.astype(np.int64), dense[rows], dense.shape)
         return grads
 
@@ -242,7 +257,18 @@ def _frozen(params: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 def load_package(directory: str | os.PathLike[str]) -> dict[str, type[CellModel]]:
     """The model classes of a generated package, by cell name (reads `cell.json` and the kernels only)."""
     directory = Path(directory)
-    description = json.loads((directory / "cell.json").read_text(encoding="utf-8"))
+    try:
+        description = json.loads((directory / "cell.json").read_text(encoding="utf-8"))
+        return _classes(directory, description)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as err:
+        if isinstance(err, CortexcError):
+            raise
+        raise OutputError(
+            f"the package {directory} is damaged ({type(err).__name__}: {err}): compile it again"
+        ) from None
+
+
+def _classes(directory: Path, description: dict[str, Any]) -> dict[str, type[CellModel]]:
     if description.get("format") != FORMAT_VERSION:
         raise CortexcError(
             f"{directory / 'cell.json'} is format {description.get('format')!r}, this runtime reads format "

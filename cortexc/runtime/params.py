@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import numbers
 import os
+import zipfile
+import zlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -40,8 +43,32 @@ def init_param(decl: ParamSig, rng: np.random.Generator, dtype: type = np.float3
 def init_params(cell: CellSignature | Cell, seed: int | None = 0, dtype: type = np.float32) -> dict[str, np.ndarray]:
     """Every param of the cell, initialised in declaration order from one seeded generator."""
     cell = signature(cell)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
+        raise InputError(f"seed must be None or a non-negative integer, got {seed!r}")
     rng = np.random.default_rng(seed)
     return {decl.name: init_param(decl, rng, dtype) for decl in cell.params}
+
+
+#: how every .npz (a zip archive) starts: a local file header, or the end record of an empty archive
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+
+
+def _read_npz(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """The arrays of an `.npz` file (as `save_params` writes), or an `InputError` saying what is wrong with it:
+    missing, not an archive (a `.npy`, random bytes, empty), damaged (truncated, bad CRC), or holding objects."""
+    shown = os.fspath(path)
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4)
+    except OSError as err:
+        raise InputError(f"cannot read the params file {shown}: {err.strerror or err}") from None
+    if head not in _ZIP_MAGIC:
+        raise InputError(f"{shown} is not an .npz archive (as numpy.savez and save_params write)")
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {name: archive[name] for name in archive.files}
+    except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError, KeyError) as err:
+        raise InputError(f"{shown} is a damaged .npz archive, or holds objects rather than arrays: {err}") from None
 
 
 def check_params(
@@ -57,6 +84,11 @@ def check_params(
     cell = signature(cell)
     if isinstance(params, str | os.PathLike):
         params = read_params_file(params)
+    if not isinstance(params, Mapping):
+        raise InputError(f"params must be a mapping of names to arrays or an .npz path, got {type(params).__name__}")
+    named = [key for key in params if not isinstance(key, str)]
+    if named:
+        raise InputError(f"param names must be strings, got {named[0]!r}")
     declared = {decl.name: decl for decl in cell.params}
     unknown = sorted(set(params) - set(declared))
     if unknown:
@@ -81,8 +113,7 @@ def read_params_file(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
 
     if safetensors.is_safetensors(path):
         return safetensors.load(path)
-    with np.load(path) as archive:
-        return {name: archive[name] for name in archive.files}
+    return _read_npz(path)
 
 
 def write_params_file(path: str | os.PathLike[str], params: Mapping[str, np.ndarray]) -> None:

@@ -33,6 +33,10 @@ _OPEN, _CLOSE, _ATOM, _NONE = 0, 1, 2, -1
 # line end. Only ASCII space separates tokens (SST words contain U+00A0).
 _ATOM_RE = re.compile(r"[^ ()\n]+")
 
+#: one label, and every label of a text joined by line feeds (one regex pass in C over them all)
+_LABEL_RE = re.compile(r"-?[0-9]+")
+_LABELS_RE = re.compile(r"(?:-?[0-9]+\n)*-?[0-9]+")
+
 _INT32_MIN = int(np.iinfo(np.int32).min)
 _INT32_MAX = int(np.iinfo(np.int32).max)
 
@@ -50,21 +54,26 @@ def read_ptb(lines: Iterable[str] | str | bytes) -> Forest:
     split) and joined so that one vectorised pass parses them all.
     """
     if isinstance(lines, bytes):
-        lines = lines.decode("utf-8")
+        lines = _decode(lines, "the text")
     if isinstance(lines, str):
         lines = lines.split("\n")
     rows: list[str] = []
     for line in lines:
         if isinstance(line, bytes):
-            line = line.decode("utf-8")
+            line = _decode(line, f"line {len(rows) + 1}")
         if not isinstance(line, str):
             raise ForestError(f"line {len(rows) + 1}: expected a str, got {type(line).__name__}")
         line = line.rstrip("\r\n")
-        if "\n" in line:
-            rows.extend(part.rstrip("\r") for part in line.split("\n"))
-        else:
-            rows.append(line)
+        parts = [part.rstrip("\r") for part in line.split("\n")] if "\n" in line else [line]
+        rows.extend("" if part.isspace() else part for part in parts)  # a blank line is blank, tabs or not
     return parse_ptb("\n".join(rows))
+
+
+def _decode(data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ForestError(f"{what} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})") from None
 
 
 def parse_ptb(text: str) -> Forest:
@@ -190,18 +199,21 @@ def parse_ptb(text: str) -> Forest:
 
     label_tok = np.flatnonzero(is_label)
     label_text = atom_objects[atom_rank[label_tok]]
-    try:
-        label_values = label_text.astype(np.int64)  # int() on each label, in C
-        labels_ok = not np.any((label_values < _INT32_MIN) | (label_values > _INT32_MAX))
-    except (ValueError, OverflowError):
-        labels_ok = False
+    # labels are ASCII integers: int() alone would take "+1", "1_0" and other scripts' digits ("٣")
+    label_values = np.zeros(0, np.int64)
+    labels_ok = not label_text.size or _LABELS_RE.fullmatch("\n".join(label_text.tolist())) is not None
+    if labels_ok and label_text.size:
+        try:
+            label_values = label_text.astype(np.int64)  # int() on each label, in C
+            labels_ok = not np.any((label_values < _INT32_MIN) | (label_values > _INT32_MAX))
+        except (ValueError, OverflowError):
+            labels_ok = False
     if not labels_ok:  # find the first bad label to report it
         for k, value in enumerate(label_text.tolist()):
-            try:
-                number = int(value)
-            except ValueError:
-                problem = "is not an integer"
+            if _LABEL_RE.fullmatch(value) is None:
+                problem = "is not an integer (ASCII digits, with '-' for a negative one)"
             else:
+                number = int(value) if len(value) <= 12 else _INT32_MAX + 1  # int() refuses 4300 digits
                 if _INT32_MIN <= number <= _INT32_MAX:
                     continue
                 problem = "does not fit in int32"

@@ -199,7 +199,10 @@ class InterpExecutor:
     ) -> tuple[dict[str, Any], Any]:
         cell = self._cell_of()
         out = run_linearized(cell, lin, self._params, inputs, np.float32)
-        saved = _Saved(lin, inputs, {s.name: out[s.name] for s in cell.states}) if keep else None
+        saved = None
+        if keep:  # copies: the caller may edit the inputs it passed or the states it got back
+            kept_inputs = {name: array.copy() for name, array in inputs.items()}
+            saved = _Saved(lin, kept_inputs, {s.name: out[s.name].copy() for s in cell.states})
         return out, saved
 
     def backward(
