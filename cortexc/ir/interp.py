@@ -103,7 +103,8 @@ def eval_value(
         if definition.kind == OpKind.BINARY:
             rank = len(value.shape)
             args = [_batched(x, v, rank) for x, v in zip(args, arg_values)]
-        return definition.numpy(*args).astype(node.dtype, copy=False)
+        with np.errstate(all="ignore"):  # IEEE results (inf, nan) at saturated inputs are the meaning, not news
+            return definition.numpy(*args).astype(node.dtype, copy=False)
     if op == Op.MATMUL:
         a, b = args
         if len(arg_values[1].shape) == 1:
