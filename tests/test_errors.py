@@ -814,8 +814,19 @@ def test_define_unknown_dim_is_a_dim_error():
     err = lower_error(node("h = b"), {"Q": 3})
     assert type(err) is DimError
     assert err.loc is None
-    assert err.message == "-D Q: no cell in t.cell declares a dim 'Q'"
-    assert str(err) == "error: -D Q: no cell in t.cell declares a dim 'Q'"
+    assert err.message == "dim override Q=3: no cell in t.cell declares a dim 'Q'"
+    assert str(err) == "error: dim override Q=3: no cell in t.cell declares a dim 'Q'"
+
+
+def test_cortexc_load_words_an_unknown_dim_as_an_override_not_as_the_clis_flag(tmp_path):
+    """`cortexc.load(path, Q=3)` and `cortexc compile -D Q=3` share one message, in neither's syntax."""
+    import cortexc
+
+    path = tmp_path / "t.cell"
+    path.write_text("cell T on tree {\n    state h[2]\n    node { h = sum(child.h) }\n}\n")
+    with pytest.raises(DimError) as info:
+        cortexc.load(path, out_dir=tmp_path / "out", Q=3)
+    assert info.value.message == f"dim override Q=3: no cell in {path} declares a dim 'Q'"
 
 
 def test_define_unknown_dim_did_you_mean():

@@ -77,7 +77,7 @@ def check_module(module: ast.Module, defines: Mapping[str, int] | None = None) -
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= MAX_DIM:
             small = isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1
             bound = "a positive integer" if small else f"at most {MAX_DIM}"
-            sink.report(f"-D {name}={value!r}: a dim must be {bound}", None, DimError)
+            sink.report(f"dim override {name}={value!r}: a dim must be {bound}", None, DimError)
             del defines[name]  # checked with its default instead, so no error follows from it
     seen_cells: dict[str, ast.CellDef] = {}
     declared: list[DeclaredCell] = []
@@ -97,7 +97,8 @@ def check_module(module: ast.Module, defines: Mapping[str, int] | None = None) -
     for name in defines:
         if name not in every_dim:
             sink.report(
-                f"-D {name}: no cell in {module.file} declares a dim '{name}'" + did_you_mean(name, every_dim),
+                f"dim override {name}={defines[name]}: no cell in {module.file} declares a dim '{name}'"
+                + did_you_mean(name, every_dim),
                 None,
                 DimError,
             )
