@@ -78,7 +78,7 @@ class KernelExprs:
         value = self.values[index]
         if row_kind(value) == RowKind.NODE and rows == RowKind.CHILD:
             rows, row = RowKind.NODE, f"er[{row}]"  # a node value seen from one of its child edges
-        if not value.shape:
+        if width(value) == 1:  # a scalar or a [1] vector: broadcast to every column of its user
             col = "0"
         place = self.kernel.places[index]
         if place.kind == PlaceKind.BUFFER:
@@ -97,7 +97,7 @@ class KernelExprs:
         value = self.values[index]
         if row_kind(value) == RowKind.NODE and rows == RowKind.CHILD:
             rows, row = RowKind.NODE, f"er[{row}]"
-        if not value.shape:
+        if width(value) == 1:  # a scalar or a [1] vector: broadcast to every column of its user
             col = "0"
         op = value.op
         if op == Op.CONST:

@@ -33,6 +33,7 @@ from cortexc.ir.program import (
     AccumOuter,
     AccumSum,
     Adjoints,
+    ChildSoftmax,
     Gemm,
     Kernel,
     KernelRole,
@@ -425,6 +426,15 @@ def _step_context(exprs: KernelExprs, kernel: Kernel, step) -> dict[str, Any]:
             "op": "max" if op == Op.MAX else "add",
             "arg": arg,
             "mean": op == Op.MEAN,
+        }
+    if isinstance(step, ChildSoftmax):
+        value = values[step.value]
+        return {
+            "kind": "child_softmax",
+            "doc": f"{step.out} = child_softmax(%{value.args[0]}) across each node's child edges",
+            "out": step.out,
+            "width": step.width,
+            "arg": exprs.ref(value.args[0], RowKind.CHILD, "e", "j"),
         }
     if isinstance(step, Softmax):
         value = values[step.value]

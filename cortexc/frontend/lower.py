@@ -22,6 +22,7 @@ from cortexc.ir.builder import BodyBuilder
 from cortexc.ir.cell import BodyKind, DType, Value
 from cortexc.ir.ops import (
     BINARY_SYMBOLS,
+    CHILD_FUNCTIONS,
     REDUCTIONS,
     UNARY_FUNCTIONS,
     VECTOR_FUNCTIONS,
@@ -36,7 +37,7 @@ from cortexc.ir.ops import (
     slice_shape,
 )
 
-FUNCTIONS = sorted([*UNARY_FUNCTIONS, *VECTOR_FUNCTIONS, *REDUCTIONS, "concat"])
+FUNCTIONS = sorted([*UNARY_FUNCTIONS, *VECTOR_FUNCTIONS, *REDUCTIONS, *CHILD_FUNCTIONS, "concat"])
 
 
 def lower_cell(decl: DeclaredCell, sink: ErrorSink, source_file: str = "") -> ir.Cell | None:
@@ -325,6 +326,8 @@ def _call(scope: _Scope, expr: ast.Call) -> int | None:
             return None
         domain = max(v.domain for v in values)
         return b.add(Op.CONCAT, tuple(args), shape, domain, loc=expr.loc)
+    if func in CHILD_FUNCTIONS:
+        return _child_function(scope, expr)
     if func not in UNARY_FUNCTIONS and func not in VECTOR_FUNCTIONS and func not in REDUCTIONS:
         sink.report(f"unknown function '{func}'" + did_you_mean(func, FUNCTIONS), expr.loc)
         return None
@@ -341,6 +344,15 @@ def _call(scope: _Scope, expr: ast.Call) -> int | None:
         if len(v.shape) != 1:
             sink.report(f"{func} takes a vector, but {_text(expr.args[0])} is {fmt_shape(v.shape)}", expr.loc)
             return None
+        if v.shape == (1,):  # normalised over its one element: a constant, never what was meant
+            always = "1" if func == "softmax" else "0"
+            across = " across the children" if v.domain == Domain.CHILD else ""
+            sink.report(
+                f"{func} of {_text(expr.args[0])}[1] is always {always} (a {func} over one element); "
+                f"to normalise per-child scores{across}, use child_softmax({_text(expr.args[0])})",
+                expr.loc,
+            )
+            return None
         return b.add(VECTOR_FUNCTIONS[func], (arg,), v.shape, v.domain, loc=expr.loc)
     # a reduction over the children
     if not _children_visible(scope, f"{func}(...)", expr.loc):
@@ -348,6 +360,28 @@ def _call(scope: _Scope, expr: ast.Call) -> int | None:
     if v.domain != Domain.CHILD:  # taken once per child even when it reads no child
         arg = b.add(Op.EXPAND, (arg,), v.shape, Domain.CHILD, loc=expr.loc)
     return b.add(REDUCTIONS[func], (arg,), v.shape, Domain.NODE, loc=expr.loc)
+
+
+def _child_function(scope: _Scope, expr: ast.Call) -> int | None:
+    """`child_softmax(e)`: a per-child value normalised across the node's children (component-wise)."""
+    func, sink = expr.func, scope.sink
+    if len(expr.args) != 1:
+        sink.report(f"{func} takes one argument (a per-child value), got {len(expr.args)}", expr.loc)
+        return None
+    if not _children_visible(scope, f"{func}(...)", expr.loc):
+        return None
+    arg = _float_operand(scope, expr.args[0])
+    if arg is None:
+        return None
+    v = _value(scope, arg)
+    if v.domain != Domain.CHILD:
+        sink.report(
+            f"{func} takes a per-child value (one per child, e.g. w_a @ child.h), but {_text(expr.args[0])} "
+            f"is the same for every child: it would be 1 / (number of children)",
+            expr.loc,
+        )
+        return None
+    return scope.builder.add(CHILD_FUNCTIONS[func], (arg,), v.shape, Domain.CHILD, loc=expr.loc)
 
 
 def _children_visible(scope: _Scope, what: str, loc: SourceLoc) -> bool:
@@ -386,6 +420,8 @@ def _slice(scope: _Scope, expr: ast.Slice) -> int | None:
 def _index(scope: _Scope, expr: ast.Index) -> int | None:
     sink = scope.sink
     table = _expr(scope, expr.base)
+    if table is not None and len(_value(scope, table).shape) == 1:
+        return _subscript(scope, expr, table)
     row = _expr(scope, expr.index)
     if table is None or row is None:
         return None
@@ -408,6 +444,29 @@ def _index(scope: _Scope, expr: ast.Index) -> int | None:
         sink.report(f"{_text(expr)}: {t.name} has {rows} rows but {r.name} ranges over [0, {index_range})", expr.loc)
         return None
     return scope.builder.add(Op.EMBED, (table, row), (t.shape[1],), max(t.domain, r.domain), loc=expr.loc)
+
+
+def _subscript(scope: _Scope, expr: ast.Index, base: int) -> int | None:
+    """`v[k]` of a vector, `k` a constant integer expression: the `[1]` vector `v[k:k+1]`."""
+    v = _value(scope, base)
+    if v.dtype == DType.I32:
+        scope.sink.report(
+            f"'{_text(expr.base)}' is an index input: it can only select a row of a param, as E[{_text(expr.base)}]",
+            expr_loc(expr.base),
+        )
+        return None
+    k = const_int(expr.index, scope.decl.dim_map, scope.sink, "a subscript", _other_names(scope))
+    if k is None:
+        return None
+    if not 0 <= k < v.shape[0]:
+        scope.sink.report(
+            f"{_text(expr)}: subscript {k} is out of range for {_named(expr.base, v)} "
+            f"(its elements are numbered 0 to {v.shape[0] - 1})",
+            expr_loc(expr.index),
+        )
+        return None
+    attrs = (("lo", k), ("hi", k + 1))
+    return scope.builder.add(Op.SLICE, (base,), (1,), v.domain, attrs, loc=expr.loc)
 
 
 def _state_named(scope: _Scope, name: str, loc: SourceLoc) -> ir.StateDecl | None:

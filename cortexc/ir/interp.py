@@ -88,7 +88,8 @@ def eval_value(
         return a[..., :, None] * b[..., None, :]
     if op == Op.ROWSUM:
         rank = len(arg_values[0].shape)
-        return args[0].sum(axis=tuple(range(-rank, 0))) if rank else args[0]
+        total = args[0].sum(axis=tuple(range(-rank, 0))) if rank else args[0]
+        return total.reshape(total.shape + value.shape)  # a scalar, or [1] for a broadcast [1] operand
     if op == Op.PAD:
         lo, rank = value.attr("lo"), len(value.shape)
         shape = args[0].shape[: args[0].ndim - rank] + value.shape
@@ -131,6 +132,12 @@ def eval_value(
         return args[0].mean(axis=0) if len(args[0]) else np.zeros(value.shape, node.dtype)
     if op == Op.MAX:
         return args[0].max(axis=0) if len(args[0]) else np.zeros(value.shape, node.dtype)
+    if op == Op.CHILD_SOFTMAX:  # across the children (axis 0), per component; no children: no rows
+        if not len(args[0]):
+            return args[0]
+        with np.errstate(all="ignore"):  # saturated scores give IEEE results (inf - inf is NaN), quietly
+            shifted = np.exp(args[0] - args[0].max(axis=0, keepdims=True))
+            return (shifted / shifted.sum(axis=0, keepdims=True)).astype(node.dtype, copy=False)
     raise NotImplementedError(f"no interpreter rule for {op}")  # pragma: no cover
 
 

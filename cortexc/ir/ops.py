@@ -66,13 +66,14 @@ class Op(enum.Enum):
     SIGN = "sign"  # -1, 0 or 1 (abs')
     EQ = "eq"  # 1 where a == b, else 0 (which children hold a max)
     GELU_GRAD = "gelu_grad"  # gelu'(x) = Phi(x) + x * phi(x)
-    ROWSUM = "rowsum"  # sum of every element -> scalar
+    ROWSUM = "rowsum"  # sum of every element -> scalar, or [1] (the gradient of a broadcast [1] operand)
     PAD = "pad"  # attrs: lo, size; a slice put back in place, zeros elsewhere
     # children
     EXPAND = "expand"  # NODE/PARAM value -> the same value once per child
     SUM = "sum"  # CHILD -> NODE reductions over the children (0 with no child)
     MEAN = "mean"
     MAX = "max"
+    CHILD_SOFTMAX = "child_softmax"  # CHILD -> CHILD: softmax across the node's children, per component
 
 
 class Domain(enum.IntEnum):
@@ -95,11 +96,16 @@ def fmt_shape(shape: Shape) -> str:
 
 
 def broadcast_shape(a: Shape, b: Shape) -> Shape:
-    """Elementwise operands must have equal shapes, or one is a scalar."""
+    """Elementwise operands must have equal shapes, or one is a scalar or a `[1]` vector (which broadcasts
+    exactly as a scalar does: a per-child score `[1]` weights a per-child state `[H]`)."""
     if a == b or not b:
         return a
     if not a:
         return b
+    if a == (1,):
+        return b
+    if b == (1,):
+        return a
     raise ShapeError(f"{fmt_shape(a)} and {fmt_shape(b)} differ")
 
 
@@ -469,6 +475,7 @@ STRUCTURAL_OPS = frozenset(
         Op.SUM,
         Op.MEAN,
         Op.MAX,
+        Op.CHILD_SOFTMAX,
     }
 )
 
@@ -487,6 +494,8 @@ UNARY_FUNCTIONS = {d.surface: op for op, d in OPS.items() if d.kind == OpKind.UN
 VECTOR_FUNCTIONS = {d.surface: op for op, d in OPS.items() if d.kind == OpKind.VECTOR and d.surface}
 BINARY_SYMBOLS = {d.surface: op for op, d in OPS.items() if d.kind == OpKind.BINARY and d.surface}
 REDUCTIONS = {"sum": Op.SUM, "mean": Op.MEAN, "max": Op.MAX}
+#: functions of a per-child value that give a per-child value (normalised across the node's children)
+CHILD_FUNCTIONS = {"child_softmax": Op.CHILD_SOFTMAX}
 
 
 def matmul_shape(a: Shape, b: Shape) -> Shape:

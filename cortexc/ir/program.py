@@ -7,7 +7,7 @@ or the roots for an output), and, inside each kernel, an ordered list of
 `Step`s over a *tile* of rows: GEMMs whose left rows are gathered through
 row pointers, elementwise loops that inline whole expression trees, child
 reductions, softmaxes, small per-row matrix products, concatenations and
-stores. Where each value lives is its `Place`. The launch order of the kernels is
+stores (and child softmaxes, segmented over a node's child edges). Where each value lives is its `Place`. The launch order of the kernels is
 data too: the program's `forward` and `backward` phases, which every driver renders.
 """
 
@@ -115,6 +115,16 @@ class Reduce:
 
 
 @dataclass(frozen=True)
+class ChildSoftmax:
+    """`out[e, j] = exp(arg(e, j) - top) / total` over each node's child edges e (a segmented pass over
+    `eb[i]..eb[i+1]`: the max, then the sum of exponentials, then the quotient; per column j)."""
+
+    value: int
+    out: str
+    width: int
+
+
+@dataclass(frozen=True)
 class Softmax:
     value: int
     out: str
@@ -210,7 +220,7 @@ class AccumSum:
     width: int
 
 
-Step = Gemm | Loop | Reduce | Softmax | SmallMatmul | RowSum | Store | AccumOuter | AccumSum
+Step = Gemm | Loop | Reduce | ChildSoftmax | Softmax | SmallMatmul | RowSum | Store | AccumOuter | AccumSum
 
 
 @dataclass(frozen=True)

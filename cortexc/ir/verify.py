@@ -186,7 +186,8 @@ def _verify_value(cell: Cell, body: Body, index: int, value: Value, role: BodyKi
         _expect(len(args[0].shape) == 1 and len(args[1].shape) == 1, "outer needs two vectors")
         shape, domain = (args[0].shape[0], args[1].shape[0]), max(args[0].domain, args[1].domain)
     elif op == Op.ROWSUM:
-        shape, domain = (), args[0].domain
+        _expect(value.shape in ((), (1,)), "a row sum is a scalar or [1]")
+        shape, domain = value.shape, args[0].domain
     elif op == Op.PAD:
         shape, domain = pad_shape(args[0].shape, value.attr("lo"), value.attr("size")), args[0].domain
     elif op == Op.CONST:
@@ -212,6 +213,10 @@ def _verify_value(cell: Cell, body: Body, index: int, value: Value, role: BodyKi
         _expect(args[0].domain == Domain.CHILD, "a reduction needs a per-child argument")
         _expect(role == BodyKind.NODE, "reductions over children happen only in node bodies")
         shape, domain = args[0].shape, Domain.NODE
+    elif op == Op.CHILD_SOFTMAX:
+        _expect(args[0].domain == Domain.CHILD, "child_softmax needs a per-child argument")
+        _expect(role == BodyKind.NODE, "child_softmax happens only in node bodies")
+        shape, domain = args[0].shape, Domain.CHILD
     else:  # pragma: no cover - every op is listed above
         raise IRVerifyError(f"unknown op {op}")
     _expect(len(value.args) == _ARG_COUNT.get(op, len(value.args)), f"{op.value} takes {_ARG_COUNT.get(op)} args")
@@ -240,5 +245,6 @@ _ARG_COUNT = {
     Op.TRANSPOSE: 1,
     Op.OUTER: 2,
     Op.ROWSUM: 1,
+    Op.CHILD_SOFTMAX: 1,
     Op.PAD: 1,
 }

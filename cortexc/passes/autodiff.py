@@ -20,8 +20,10 @@ The rules of the elementwise and vector ops are their registry entries'
 * slices: pad(g) back in place; ``concat``: the slices of g; ``E[w]``: g to row w of E
 * ``expand``: sum over the children; ``sum``: expand(g); ``mean``: expand(g / num_children);
   ``max``: expand(g / ties) where the child equals the max (tied children share it, like torch.amax)
+* ``child_softmax``: y_j (g_j - sum_k y_k g_k) per node (the softmax Jacobian across the children, built
+  of `sum`, `expand`, `sub` and `mul`, so the gradient kernels need no step of its own);
 * a per-node operand of a per-child op gets the sum over the children of its adjoint;
-  a scalar operand of a vector op gets the sum of the elements.
+  a scalar (or `[1]`) operand of a wider op gets the sum of the elements.
 """
 
 from __future__ import annotations
@@ -98,6 +100,8 @@ class _Reverse:
             g = self.op(Op.SUM, g, domain=Domain.NODE)
         if not target.shape and self.v(g).shape:
             g = self.op(Op.ROWSUM, g, shape=())
+        elif target.shape == (1,) and self.v(g).shape != (1,):  # a broadcast [1] operand, as a scalar
+            g = self.op(Op.ROWSUM, g, shape=(1,))
         if forward_arg in self.adjoint:
             self.adjoint[forward_arg] = self.op(Op.ADD, self.adjoint[forward_arg], g)
         else:
@@ -174,6 +178,10 @@ class _Reverse:
             ties = self.op(Op.SUM, holds_max, domain=Domain.NODE)
             share = self.op(Op.EXPAND, self.op(Op.DIV, g, ties), domain=Domain.CHILD)
             self.contribute(args[0], self.op(Op.MUL, holds_max, share))
+        elif op == Op.CHILD_SOFTMAX:  # d e_j = y_j * (g_j - sum_k y_k g_k), over the node's children
+            dot = self.op(Op.SUM, self.op(Op.MUL, y, g), domain=Domain.NODE)
+            centred = self.op(Op.SUB, g, self.op(Op.EXPAND, dot, domain=Domain.CHILD))
+            self.contribute(args[0], self.op(Op.MUL, y, centred))
         elif op == Op.CONST:
             pass
         else:  # pragma: no cover - every forward op has a rule above

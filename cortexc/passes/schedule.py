@@ -15,7 +15,7 @@ fewest passes over memory we know how to make without a cost model:
 * elementwise expressions are inlined into the loops that consume them
   (the gate epilogue is one loop per materialised value); a value is
   materialised only when it is used twice, feeds a GEMM or a small matmul,
-  or is itself a reduction, softmax, concat or product;
+  or is itself a reduction, softmax, child softmax, concat or product;
 * reductions over children evaluate their argument's expression per child
   edge inside the reduction loop (``sum(f * child.c)`` never stores ``f * child.c``).
 
@@ -38,6 +38,7 @@ from cortexc.ir.program import (
     AccumOuter,
     AccumSum,
     Buffer,
+    ChildSoftmax,
     Gemm,
     Kernel,
     KernelRole,
@@ -296,6 +297,9 @@ def _kernel(role: KernelRole, rows: Rows, body: Body, cell: Cell, packed: dict, 
         elif op in REDUCE_OPS:
             places.append(Place(PlaceKind.BUFFER, new_buffer(value)))
             steps.append(Reduce(index, places[-1].buffer, width(value)))
+        elif op == Op.CHILD_SOFTMAX:
+            places.append(Place(PlaceKind.BUFFER, new_buffer(value)))
+            steps.append(ChildSoftmax(index, places[-1].buffer, width(value)))
         elif op in VECTOR_OPS:
             places.append(Place(PlaceKind.BUFFER, new_buffer(value)))
             steps.append(Softmax(index, places[-1].buffer, row_kind(value), width(value), op == Op.LOG_SOFTMAX))
