@@ -214,6 +214,7 @@ EXAMPLE_CASES = {
     "treernn.cell": ({"X": 4, "H": 3}, "binary"),
     "mvrnn.cell": ({"X": 4, "H": 3}, "binary"),
     "dagrnn.cell": ({"X": 4, "H": 3}, "dag"),
+    "attn_treelstm.cell": ({"X": 4, "H": 3}, "tree"),
     "lstm.cell": ({"X": 4, "H": 3}, "chain"),
 }
 
@@ -651,12 +652,66 @@ cell Embed on tree {
     output o[C] = W_o @ E[w]
 }""",
     ),
+    # attention over children: [1] scores and [H] component-wise ones, [1] values broadcast, v[k] subscripts
+    "child_softmax": (
+        "tree",
+        """
+cell AttnTree on tree {
+    dim X = 4, H = 4
+    input x[X]
+    param W[H, X], U[H, H], w_a[1, H], V[H, H], b[H]
+    state h[H]
+    node {
+        wx = W @ x + b
+        g = wx[1]
+        s = w_a @ tanh(U @ child.h + wx)
+        a = child_softmax(s)
+        q = child_softmax(V @ child.h)
+        h = tanh(sum(a * child.h) + g * sum(q * child.h) + wx / (2 + g * g) + sum(a[0] * s) + wx[H - 1])
+    }
+}""",
+    ),
+    # an arity cell: missing children take no part in the softmax (child[k] of a missing child is 0)
+    "child_softmax_arity": (
+        "arity3",
+        """
+cell AttnArity on tree(arity = 3) {
+    dim X = 4, H = 4
+    input x[X]
+    param W[H, X], U[H, H], w_a[1, H], b[H]
+    state h[H], c[H]
+    node {
+        a = child_softmax(w_a @ child.h + w_a @ (W @ x))
+        h = tanh(W @ x + sum(a * child.c) + U @ child[2].h + b)
+        c = sum(a * child.h) + child[1].c
+    }
+}""",
+    ),
+    # a DAG: a shared child is in the softmax of each of its parents
+    "child_softmax_dag": (
+        "dag",
+        """
+cell AttnDag on dag {
+    dim X = 4, H = 4
+    input x[X]
+    param W[H, X], U[H, H], w_a[1, H], b[H]
+    state h[H]
+    node {
+        a = child_softmax(w_a @ tanh(U @ child.h))
+        h = tanh(W @ x + U @ sum(a * child.h) + b)
+    }
+}""",
+    ),
 }
 
 
 def invented_forest(kind: str, rng) -> Forest:
     if kind == "tree":
         return Forest.concat([Forest.random(3, rng, max_children=4, max_nodes=10), Forest.from_parents([-1])])
+    if kind == "arity3":  # nodes with 1, 2 or 3 children: child[k] is missing at some
+        return Forest.concat([Forest.random(3, rng, max_children=3, max_nodes=10), Forest.from_parents([1, 2, -1])])
+    if kind == "dag":
+        return example_forest("dag", rng)
     return Forest.concat([Forest.random(3, rng, binary=True, max_nodes=9), Forest.from_parents([-1])])
 
 
@@ -716,6 +771,7 @@ def test_the_tested_cells_reach_every_gradient_rule():
         Op.SUM,
         Op.MEAN,
         Op.MAX,
+        Op.CHILD_SOFTMAX,
     }
     assert user_ops <= ops, f"not exercised: {user_ops - ops}"
     P, N, C = Domain.PARAM, Domain.NODE, Domain.CHILD
@@ -739,6 +795,7 @@ def test_the_tested_cells_reach_every_gradient_rule():
         "sum of a per-child matrix": lambda o, d, r: o == Op.SUM and d == (C,) and r == (2,),
         "expand of a scalar (sum(1))": lambda o, d, r: o == Op.EXPAND and r == (0,),
         "expand of a per-node vector": lambda o, d, r: o == Op.EXPAND and d == (N,) and r == (1,),
+        "child_softmax of a per-child vector": lambda o, d, r: o == Op.CHILD_SOFTMAX and d == (C,),
     }
     missing = [what for what, test in wanted.items() if not any(test(*s) for s in seen)]
     assert not missing, missing

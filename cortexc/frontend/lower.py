@@ -420,7 +420,10 @@ def _slice(scope: _Scope, expr: ast.Slice) -> int | None:
 def _index(scope: _Scope, expr: ast.Index) -> int | None:
     sink = scope.sink
     table = _expr(scope, expr.base)
-    if table is not None and len(_value(scope, table).shape) == 1:
+    looks_up = isinstance(expr.index, ast.Name) and any(
+        i.name == expr.index.name and i.is_index for i in scope.decl.inputs
+    )
+    if table is not None and len(_value(scope, table).shape) == 1 and not looks_up:
         return _subscript(scope, expr, table)
     row = _expr(scope, expr.index)
     if table is None or row is None:
