@@ -8,7 +8,8 @@ or the roots for an output), and, inside each kernel, an ordered list of
 row pointers, elementwise loops that inline whole expression trees, child
 reductions, softmaxes, small per-row matrix products, concatenations and
 stores (and child softmaxes, segmented over a node's child edges). Where
-each value lives is its `Place`. The launch order of the kernels is data too: the program's `forward` and `backward` phases, which every driver renders.
+each value lives is its `Place`. The launch order of the kernels is data too:
+the program's `forward` and `backward` phases, which every driver renders.
 """
 
 from __future__ import annotations
