@@ -34,9 +34,12 @@ import torch
 from cortexc.runtime.forest import Forest
 
 __all__ = [
+    "ATTN_PARAM_NAMES",
+    "AttnLevelPlan",
     "PARAM_NAMES",
     "LevelPlan",
     "TorchLevelBatched",
+    "TorchLevelBatchedAttn",
     "TorchPerNode",
     "TreeDims",
     "forward_flops",
@@ -389,3 +392,90 @@ def matmul_roofline(shapes: Iterable[tuple[int, int, int]], repeats: int = 5, bu
             total_flops += count * 2.0 * m * k * n
             total_time += count * _time_matmul(m, k, n, repeats, budget_s, generator)
     return total_flops / total_time / 1e9
+
+
+# ------------------------------------------------------------ the attentive Tree-LSTM
+
+ATTN_PARAM_NAMES = ("W_iou", "U_iou", "b_iou", "W_f", "U_f", "b_f", "W_a", "w_a")
+
+
+@dataclass(frozen=True)
+class AttnLevelPlan:
+    """Index tensors of a forest for `TorchLevelBatchedAttn`: rows in level order, per level its child
+    edges (the child's row and the parent's place in the level)."""
+
+    num_nodes: int
+    level_ptr: tuple[int, ...]
+    order: torch.Tensor  # node id of each row
+    node_rows: torch.Tensor  # row of each node id
+    child_rows: tuple[torch.Tensor, ...]  # per internal level: the rows of its child edges
+    parents: tuple[torch.Tensor, ...]  # per internal level: the parent of each edge (0..count-1)
+
+
+class TorchLevelBatchedAttn:
+    """The attentive Tree-LSTM of ``examples/attn_treelstm.cell`` level by level, DGL style.
+
+    The input projections ``W_iou @ x`` and ``W_f @ x`` of every node are one GEMM each (as the compiled
+    code hoists them); then per level: gather the children's ``h`` and ``c``, the scores
+    ``w_a tanh(W_a h_k)`` (two GEMMs over the edges), the softmax across each node's children as a
+    segmented max (``scatter_reduce``), exponentials and a segmented sum (``index_add``), the attended
+    ``h_att``, the forget gates (one GEMM over the edges), ``U_iou @ h_att`` (one GEMM over the nodes).
+    Any number of children per node.
+    """
+
+    def __init__(self, params: Mapping[str, np.ndarray]) -> None:
+        w = {k: torch.from_numpy(np.array(params[k], dtype=np.float32)) for k in ATTN_PARAM_NAMES}  # own copies
+        self.w = w
+        self.W_x = torch.cat((w["W_iou"], w["W_f"]))  # [4H, X]
+        self.b_x = torch.cat((w["b_iou"], w["b_f"]))
+        self.hidden = w["U_f"].shape[0]
+
+    def prepare(self, forest: Forest) -> AttnLevelPlan:
+        n = forest.num_nodes
+        order = forest.level_order
+        row_of = np.empty(n, dtype=np.int64)
+        row_of[order] = np.arange(n, dtype=np.int64)
+        level_ptr = tuple(int(p) for p in forest.level_ptr)
+        child_rows, parents = [], []
+        for k in range(1, len(level_ptr) - 1):
+            nodes = order[level_ptr[k] : level_ptr[k + 1]]
+            counts = forest.num_children[nodes]
+            starts = forest.child_ptr[nodes]
+            edges = np.repeat(starts - np.r_[0, np.cumsum(counts)[:-1]], counts) + np.arange(counts.sum())
+            child_rows.append(torch.from_numpy(row_of[forest.child_idx[edges]]))
+            parents.append(torch.from_numpy(np.repeat(np.arange(len(nodes), dtype=np.int64), counts)))
+        return AttnLevelPlan(
+            n, level_ptr, torch.from_numpy(np.array(order)), torch.from_numpy(row_of), tuple(child_rows), tuple(parents)
+        )
+
+    def run(self, plan: AttnLevelPlan, x: np.ndarray) -> dict[str, np.ndarray]:
+        H, w, n = self.hidden, self.w, plan.num_nodes
+        with torch.no_grad():
+            xs = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).index_select(0, plan.order)
+            wx = torch.addmm(self.b_x, xs, self.W_x.t())  # [N, 4H] in level order: iou, f
+            h = torch.empty(n, H)
+            c = torch.empty(n, H)
+            leaves = plan.level_ptr[1] if n else 0
+            gate = torch.sigmoid(wx[:leaves, : 2 * H])
+            c[:leaves] = gate[:, :H] * torch.tanh(wx[:leaves, 2 * H : 3 * H])
+            h[:leaves] = gate[:, H : 2 * H] * torch.tanh(c[:leaves])
+            for k, (rows, parent) in enumerate(zip(plan.child_rows, plan.parents), start=1):
+                lo, hi = plan.level_ptr[k], plan.level_ptr[k + 1]
+                count = hi - lo
+                ch, cc = h.index_select(0, rows), c.index_select(0, rows)
+                scores = torch.tanh(ch @ w["W_a"].t()) @ w["w_a"].t()  # [E, 1]
+                top = torch.full((count, 1), -torch.inf).scatter_reduce(0, parent[:, None], scores, "amax")
+                e = torch.exp(scores - top.index_select(0, parent))
+                total = torch.zeros(count, 1).index_add_(0, parent, e)
+                a = e / total.index_select(0, parent)
+                h_att = torch.zeros(count, H).index_add_(0, parent, a * ch)
+                f = torch.sigmoid(torch.addmm(wx[lo:hi, 3 * H :].index_select(0, parent), ch, w["U_f"].t()))
+                fc = torch.zeros(count, H).index_add_(0, parent, f * cc)
+                iou = torch.addmm(wx[lo:hi, : 3 * H], h_att, w["U_iou"].t())
+                gate = torch.sigmoid(iou[:, : 2 * H])
+                c[lo:hi] = gate[:, :H] * torch.tanh(iou[:, 2 * H :]) + fc
+                h[lo:hi] = gate[:, H : 2 * H] * torch.tanh(c[lo:hi])
+            return {"h": h.index_select(0, plan.node_rows).numpy(), "c": c.index_select(0, plan.node_rows).numpy()}
+
+    def __call__(self, forest: Forest, x: np.ndarray) -> dict[str, np.ndarray]:
+        return self.run(self.prepare(forest), x)

@@ -112,3 +112,19 @@ def test_flops_and_gemm_shapes_agree(rng):
     assert shapes[-1] == (forest.num_nodes, 16, 5)
     assert forward_flops(forest, dims) == sum(2 * m * k * n for m, k, n in shapes)
     assert matmul_roofline(shapes[:2], repeats=1) > 0
+
+
+def test_level_batched_attentive_peer_matches_the_interpreter(rng):
+    """The attentive Tree-LSTM's level-batched torch peer (bench_attention) on trees of 0 to 5 children."""
+    from benchmarks.peers import TorchLevelBatchedAttn
+    from cortexc.runtime.params import init_params
+
+    source = (EXAMPLES / "attn_treelstm.cell").read_text(encoding="utf-8")
+    cell = lower_source(source, "attn_treelstm.cell", defines={"X": 6, "H": 5})[0]
+    params = {k: v + 0.3 * rng.standard_normal(v.shape).astype(np.float32) for k, v in init_params(cell, 0).items()}
+    forest = Forest.concat([Forest.random(8, rng=rng, max_children=5, max_nodes=20), Forest.from_parents([-1])])
+    x = rng.standard_normal((forest.num_nodes, 6)).astype(np.float32)
+    expected = reference.run(cell, forest, params, {"x": x})
+    got = TorchLevelBatchedAttn(params)(forest, x)
+    for name in ("h", "c"):
+        assert relative_error(got[name], expected[name]) < 1e-5, name
