@@ -337,15 +337,15 @@ ERRORS = [
         _node("h = sum(softmax(w_a @ child.h) * child.h)"),
         7,
         20,
-        "softmax of w_a @ child.h[1] is always 1 (a softmax over one element); to normalise per-child scores "
-        "across the children, use child_softmax(w_a @ child.h)",
+        "softmax of w_a @ child.h, a [1] value, is always 1 (a softmax over one element); "
+        "to normalise per-child scores across the children, use child_softmax(w_a @ child.h)",
     ),
     (
         "log-softmax-of-a-per-node-1",
         _node("h = b * log_softmax(w_a @ b)"),
         7,
         20,
-        "log_softmax of w_a @ b[1] is always 0",
+        "log_softmax of w_a @ b, a [1] value, is always 0",
     ),
     ("subscript-out-of-range", _node("h = b * b[H]"), 7, 22, "b[H]: subscript 8 is out of range for b[8]"),
     ("subscript-negative", _node("h = b * b[0 - 1]"), 7, 22, "subscript -1 is out of range for b[8]"),

@@ -34,6 +34,7 @@ EXAMPLE_DIMS = {
     "dagrnn": {},
     "treelstm": {},
     "mvrnn": {},
+    "attn_treelstm": {"X": 16, "H": 8},
 }
 
 
@@ -206,6 +207,13 @@ def test_run_matches_python_on_child_sum_trees_and_mvrnn(exported, rng):
         exp = exported(example)
         forest = small_forest(exp.cls.signature, rng, trees=9, max_nodes=20)
         _compare(exp, forest, random_inputs(exp.cls.signature, forest, rng))
+
+
+def test_run_matches_python_on_the_attentive_treelstm(exported, rng):
+    """child_softmax in an exported library: trees of up to 5 children, leaves and one-child chains."""
+    exp = exported("attn_treelstm")
+    forest = Forest.concat([small_forest(exp.cls.signature, rng, trees=9, max_nodes=20), Forest.from_parents([1, -1])])
+    _compare(exp, forest, random_inputs(exp.cls.signature, forest, rng))
 
 
 def test_run_matches_python_on_sst_trees(tmp_path, rng):

@@ -348,7 +348,7 @@ def _call(scope: _Scope, expr: ast.Call) -> int | None:
             always = "1" if func == "softmax" else "0"
             across = " across the children" if v.domain == Domain.CHILD else ""
             sink.report(
-                f"{func} of {_text(expr.args[0])}[1] is always {always} (a {func} over one element); "
+                f"{func} of {_text(expr.args[0])}, a [1] value, is always {always} (a {func} over one element); "
                 f"to normalise per-child scores{across}, use child_softmax({_text(expr.args[0])})",
                 expr.loc,
             )
