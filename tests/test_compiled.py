@@ -223,6 +223,7 @@ EXAMPLE_DIMS = {
     "dagrnn": {},
     "lstm": {},
     "mvrnn": {},
+    "attn_treelstm": dict(X=16, H=12),
 }
 
 

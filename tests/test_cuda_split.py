@@ -90,6 +90,10 @@ def test_the_leaf_kernel_splits_with_the_node_kernels_period():
     a leaf kernel whose period differs from the node kernel's stays whole."""
     for path in sorted(EXAMPLES.glob("*.cell")):
         program = split_columns(schedule(cortexc.compile_file(path)[0]))
+        if path.stem == "attn_treelstm":  # a score w_a @ tanh(W_a @ child.h) needs a GEMM result whole
+            assert why_not(program.kernel("node")).startswith("the GEMM result")
+            assert program.kernel("node").split is None and program.kernel("leaf").split is None
+            continue
         assert program.kernel("leaf").split.period == program.kernel("node").split.period, path.stem
     source = """
 cell Mismatch on tree(arity = 2) {
