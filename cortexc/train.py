@@ -21,10 +21,22 @@ from typing import TypeVar
 
 import numpy as np
 
-from cortexc.errors import InputError
+from cortexc.errors import ForestError, InputError
+from cortexc.runtime.csr import counts_to_ptr, gather_segments
+from cortexc.runtime.forest import Forest
 from cortexc.runtime.model import SparseRows
 
-__all__ = ["SGD", "Adagrad", "Adam", "Optimizer", "SparseRows", "accuracy", "batches", "softmax_cross_entropy"]
+__all__ = [
+    "SGD",
+    "Adagrad",
+    "Adam",
+    "Optimizer",
+    "SparseRows",
+    "accuracy",
+    "batches",
+    "softmax_cross_entropy",
+    "Treebank",
+]
 
 T = TypeVar("T")
 
@@ -236,3 +248,62 @@ def batches(items: Sequence[T], batch_size: int, rng: np.random.Generator | None
     order = np.arange(len(items)) if rng is None else rng.permutation(len(items))
     for start in range(0, len(items), batch_size):
         yield [items[int(i)] for i in order[start : start + batch_size]]
+
+
+class Treebank:
+    """The trees of one forest parsed once (``Treebank(Forest.from_ptb_file(path))``), from which
+    batches are cut in a few vectorised steps (`select`), instead of one `Forest.from_ptb` per line and
+    `Forest.concat` over one Forest per tree. The trees must be consecutive node ranges ending at their
+    roots, as `Forest.from_ptb` numbers them (post-order within a tree, trees in order)."""
+
+    def __init__(self, forest: Forest):
+        if not isinstance(forest, Forest):
+            raise ForestError(f"Treebank needs a cortexc.Forest, got {type(forest).__name__}")
+        if not forest.is_tree:
+            raise ForestError("Treebank needs a forest of trees (no node with two parents)")
+        roots = np.asarray(forest.roots)
+        n = forest.num_nodes
+        if forest.num_trees and roots[-1] != n - 1:
+            raise ForestError(f"node {n - 1} is not a root: the trees must be consecutive node ranges ending at roots")
+        tree = np.searchsorted(roots, np.arange(n))  # the tree each node would belong to
+        child = np.asarray(forest.child_idx)
+        owner = np.repeat(np.arange(n), np.asarray(forest.num_children))
+        crossing = np.flatnonzero(tree[owner] != tree[child])
+        if crossing.size:
+            edge = int(crossing[0])
+            raise ForestError(
+                f"node {int(owner[edge])} and its child {int(child[edge])} are in different trees' node ranges: the "
+                "trees must be consecutive node ranges ending at their roots"
+            )
+        self.forest = forest
+        self.starts = np.concatenate([[0], roots[:-1] + 1]).astype(np.int64)
+        self.ends = roots + 1
+
+    def __len__(self) -> int:
+        return self.forest.num_trees
+
+    def select(self, trees: Sequence[int] | np.ndarray) -> Forest:
+        """The forest of the given trees (positions in ``forest.roots``), in that order, labels and words
+        kept; as `Forest.concat` of those trees, in time proportional to their nodes."""
+        forest = self.forest
+        chosen = np.asarray(trees, dtype=np.int64).reshape(-1)
+        if chosen.size and (chosen.min() < 0 or chosen.max() >= len(self)):
+            bad = int(chosen[(chosen < 0) | (chosen >= len(self))][0])
+            raise ForestError(f"tree {bad} is outside 0..{len(self) - 1}")
+        first = self.starts[chosen]
+        sizes = self.ends[chosen] - first
+        offsets = np.cumsum(sizes) - sizes
+        shift = np.repeat(offsets - first, sizes)  # a node's new id is its old id plus this (within a tree)
+        nodes = np.arange(int(sizes.sum()), dtype=np.int64) - shift  # the old ids, tree after tree
+        child_ptr = np.asarray(forest.child_ptr)
+        counts = child_ptr[nodes + 1] - child_ptr[nodes]
+        child_idx = gather_segments(child_ptr, np.asarray(forest.child_idx), nodes) + np.repeat(shift, counts)
+        labels = None if forest.labels is None else np.asarray(forest.labels)[nodes]
+        words = None if forest.words is None else [forest.words[i] for i in nodes.tolist()]
+        level = np.asarray(forest.level)[nodes]
+        return Forest._from_csr(counts_to_ptr(counts), child_idx.astype(np.int64), labels, words, level=level)
+
+    def batches(self, batch_size: int, rng: np.random.Generator | None = None) -> Iterator[Forest]:
+        """`batches` over the trees, each batch a `select`ed Forest."""
+        for chosen in batches(range(len(self)), batch_size, rng):
+            yield self.select(chosen)
