@@ -52,6 +52,7 @@ NVCC = {
     "test_ops.py::test_every_op_compiles_with_nvcc_without_spills",
 }
 SLOW = {
+    "test_device_executor.py::test_load_params_while_forwards_run_gives_all_old_or_all_new",  # threads racing
     "test_train.py::test_the_train_sst_example_runs_a_few_steps_into_its_out_directory",  # a build, SST parsed twice
     "test_determinism.py",  # fresh processes per thread count, forests of thousands of nodes
     "test_export.py::test_run_matches_python_on_random_trees",  # export + make: a C build per example

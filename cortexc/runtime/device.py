@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import threading
 import weakref
 from collections.abc import Mapping
 from importlib import resources
@@ -117,32 +118,68 @@ class DeviceMemory:
 
 class ArenaPool:
     """Device blocks reused from call to call (cudaMalloc per call would cost more than a small forest's
-    whole forward). A block kept by a forward for its backward comes back when that result is dropped."""
+    whole forward). A block kept by a forward for its backward comes back when that result is dropped.
+    Calls from several threads share it (the kernels run without the GIL): a lock guards its lists."""
 
     def __init__(self, memory: DeviceMemory):
         self.memory = memory
         self.idle: list[tuple[int, int]] = []  # (nbytes, address)
         self.owned: list[int] = []
+        self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> tuple[int, int]:
-        fitting = [block for block in self.idle if block[0] >= nbytes]
-        if fitting:
-            block = min(fitting)
-            self.idle.remove(block)
-            return block
+        with self._lock:
+            fitting = [block for block in self.idle if block[0] >= nbytes]
+            if fitting:
+                block = min(fitting)
+                self.idle.remove(block)
+                return block
         size = max(_aligned(nbytes), MIN_BLOCK)
-        address = self.memory.alloc(size)
-        self.owned.append(address)
-        return size, address
+        return size, self.allocate(size)
+
+    def allocate(self, nbytes: int) -> int:
+        """A block of its own (freed by `release`, or with the pool)."""
+        address = self.memory.alloc(nbytes)
+        with self._lock:
+            self.owned.append(address)
+        return address
+
+    def release(self, address: int) -> None:
+        """Free a block from `allocate` now (nothing if the pool was closed and freed it already)."""
+        with self._lock:
+            if address not in self.owned:
+                return
+            self.owned.remove(address)
+        with contextlib.suppress(CortexcError):  # the context may already be gone at interpreter exit
+            self.memory.free(address)
 
     def give_back(self, block: tuple[int, int]) -> None:
-        self.idle.append(block)
+        with self._lock:
+            self.idle.append(block)
 
     def close(self) -> None:
-        for address in self.owned:
+        with self._lock:
+            owned, self.owned, self.idle = self.owned, [], []
+        for address in owned:
             with contextlib.suppress(CortexcError):  # the context may already be gone at interpreter exit
                 self.memory.free(address)
-        self.owned, self.idle = [], []
+
+
+class DeviceParams:
+    """The params and packed weights on the device: one block, and where each array starts in it.
+
+    Replaced whole by `set_params` (one attribute store), and taken once by each call, which keeps it
+    alive: a `load_params` from another thread while a call runs (the kernels run without the GIL)
+    neither mixes old and new params in that call nor frees the ones it reads. The block is freed when
+    the last holder lets go (the executor, running calls, and forwards kept for a backward, whose
+    device-side call struct points at these params)."""
+
+    def __init__(self, pool: ArenaPool, block: int, params: list[int], packed: list[int]):
+        self.block = block
+        self.params = params
+        self.packed = packed
+        if block:
+            weakref.finalize(self, pool.release, block)
 
 
 def _layout(
@@ -196,8 +233,10 @@ class DeviceSaved:
         base: int,
         inputs: dict[str, np.ndarray],
         hoisted_shapes: list[tuple[int, int]],
+        params: DeviceParams,
     ):
         self.lin = lin
+        self.params = params  # the device call struct points at them: kept alive with it
         self.call = call
         self.device_call = device_call
         self.layout = layout
@@ -229,9 +268,7 @@ class DeviceExecutor:
             self.lib.cx_backward.restype = ctypes.c_int
         self.memory = DeviceMemory(self.lib)
         self.pool = ArenaPool(self.memory)
-        self._param_block = 0
-        self._param_addresses: list[int] = []
-        self._packed_addresses: list[int] = []
+        self._params = DeviceParams(self.pool, 0, [], [])
         weakref.finalize(self, ArenaPool.close, self.pool)
 
     def _launch_struct(self) -> ctypes.Structure:
@@ -243,7 +280,8 @@ class DeviceExecutor:
 
     # --- params ----------------------------------------------------------------
     def set_params(self, params: Mapping[str, np.ndarray]) -> None:
-        """Upload the params and their packed GEMM weights, in one copy, once."""
+        """Upload the params and their packed GEMM weights, in one copy, once, into a new block; calls that
+        began before keep the old one (`DeviceParams`)."""
         names = self.spec["abi"]["params"]
         arrays = [np.ascontiguousarray(params[name], np.float32) for name in names]
         arrays += packed_weights(self.lib, self.spec, params)
@@ -254,21 +292,21 @@ class DeviceExecutor:
         for index, array in enumerate(arrays):
             offset = layout.offsets[str(index)]
             staging[offset : offset + array.nbytes] = _bytes(array)
-        block = self.memory.alloc(layout.size)
-        self.pool.owned.append(block)  # freed with the pool
-        self.memory.upload(block, staging)
-        if self._param_block:
-            self.pool.owned.remove(self._param_block)
-            self.memory.free(self._param_block)
-        self._param_block = block
+        block = self.pool.allocate(layout.size)
+        try:
+            self.memory.upload(block, staging)
+        except BaseException:
+            self.pool.release(block)
+            raise
         addresses = [block + layout.offsets[str(i)] for i in range(len(arrays))]
-        self._param_addresses, self._packed_addresses = addresses[: len(names)], addresses[len(names) :]
+        self._params = DeviceParams(self.pool, block, addresses[: len(names)], addresses[len(names) :])
 
     # --- forward -----------------------------------------------------------------
     def forward(
         self, lin: Linearized, inputs: Mapping[str, np.ndarray], keep: bool = False, host: bool = True
     ) -> tuple[dict[str, Any], DeviceSaved | None]:
         abi, n = self.spec["abi"], lin.num_nodes
+        device_params = self._params  # once: a concurrent set_params neither mixes nor frees them
         uploads = {
             field: getattr(lin, field) for field in ("level_order", "level_ptr", "edge_ptr", "edge_child", "roots")
         }
@@ -288,7 +326,7 @@ class DeviceExecutor:
             "hoisted": [f"hoisted/{name}" for name in abi["hoisted"]],
             "outputs": [f"output/{name}" for name in abi["outputs"]],
         }
-        counts = {"params": len(self._param_addresses), "packed": len(self._packed_addresses)}
+        counts = {"params": len(device_params.params), "packed": len(device_params.packed)}
         counts |= {table: len(keys) for table, keys in arena_tables.items()}
         # states, then outputs, then hoisted rows: the results are one span
         layout, uploaded = _layout(uploads, counts, ("call", ctypes.sizeof(CxCall)), shapes)
@@ -299,7 +337,7 @@ class DeviceExecutor:
             def at(key: str) -> int:
                 return base + layout.offsets[key]
 
-            addresses = {"params": self._param_addresses, "packed": self._packed_addresses}
+            addresses = {"params": device_params.params, "packed": device_params.packed}
             addresses |= {table: [at(key) for key in keys] for table, keys in arena_tables.items()}
             call = CxCall(
                 num_nodes=n,
@@ -336,7 +374,7 @@ class DeviceExecutor:
             self.pool.give_back((size, base))
             return result, None
         kept_inputs = {name: uploads[f"input/{name}"] for name in abi["inputs"]}
-        saved = DeviceSaved(lin, call, at("call"), layout, base, kept_inputs, hoisted_shapes)
+        saved = DeviceSaved(lin, call, at("call"), layout, base, kept_inputs, hoisted_shapes, device_params)
         weakref.finalize(saved, self.pool.give_back, (size, base))
         return result, saved
 
