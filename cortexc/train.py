@@ -1,7 +1,8 @@
 """Training helpers in NumPy: optimizers over a params dict, cross-entropy, accuracy, batches.
 
-A model's params are read-only arrays, so an optimizer never updates in place: ``step``
-returns new arrays, and one training step is::
+A model's params are read-only arrays, so an optimizer never writes the arrays a model holds:
+``step`` returns new arrays (handed over: `load_params` keeps them without a copy), and one
+training step is::
 
     out = model(forest, grad=True, word=ids)
     loss, d_logits = softmax_cross_entropy(out["logits"], forest.labels)
@@ -9,14 +10,22 @@ returns new arrays, and one training step is::
     model.load_params(opt.step(model.params, grads))
 
 The optimizers follow ``torch.optim`` (`SGD`, `Adagrad`, `Adam`, with the same defaults and
-update rules, weight decay included), keep their state per param name in float64, and return
-arrays of each param's own dtype. A param without a gradient is returned unchanged.
+update rules, weight decay included), keep their state per param name in the param's own dtype, and
+return arrays of each param's own dtype. A param without a gradient is returned unchanged.
+
+A sparse step (a `SparseRows` gradient: an embedding table) costs the rows, not the table: the
+optimizer keeps two buffers of the table and writes the new value into the one the model let go of
+at the previous step (bringing it up to date with the rows changed since), so no table is copied —
+when nothing else holds that buffer (a running call, a `model.params` kept by the caller: its
+reference count says so); else it copies the table, as a dense step would.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
@@ -25,6 +34,7 @@ from cortexc.errors import ForestError, InputError
 from cortexc.runtime.csr import counts_to_ptr, gather_segments
 from cortexc.runtime.forest import Forest
 from cortexc.runtime.model import SparseRows
+from cortexc.runtime.params import hand_over
 
 __all__ = [
     "SGD",
@@ -41,6 +51,27 @@ __all__ = [
 T = TypeVar("T")
 
 
+@dataclass(eq=False)
+class _Table:
+    """The two buffers of a sparsely updated table: `current`, what the last step returned (and the model
+    now holds), `previous`, the one before, which differs from `current` at `rows` (`None`: unknown)."""
+
+    current: np.ndarray
+    previous: np.ndarray | None = None
+    rows: np.ndarray | None = None
+    probe: object = None  # held like `previous`: the reference count of an object nobody else holds
+
+
+def _held_elsewhere(table: _Table) -> bool:
+    """Whether anything but `table` holds `table.previous` (compared with `table.probe`, held alike)."""
+    table.probe = object()
+    previous, probe = table.previous, table.probe
+    held = sys.getrefcount(previous) > sys.getrefcount(probe)
+    del previous, probe
+    table.probe = None
+    return held
+
+
 class Optimizer:
     """Base class: checks the names and shapes of the gradients, keeps per-param state by name."""
 
@@ -52,6 +83,8 @@ class Optimizer:
         self.lr = float(lr)
         self.weight_decay = float(weight_decay)
         self.state: dict[str, dict[str, np.ndarray | int]] = {}
+        self._tables: dict[str, _Table] = {}
+        self.table_copies = 0  # sparse steps that had to copy the whole table (tests, benchmarks)
 
     def step(
         self, params: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray | SparseRows]
@@ -73,7 +106,7 @@ class Optimizer:
             dtype = value.dtype if np.issubdtype(value.dtype, np.floating) else np.float64
             given = grads[name]
             if isinstance(given, SparseRows):
-                new[name] = self._sparse(name, value.astype(dtype), given)
+                new[name] = self._sparse(name, value, given)
                 continue
             grad = np.asarray(given, dtype=dtype)
             if grad.shape != value.shape:
@@ -82,7 +115,11 @@ class Optimizer:
             if self.weight_decay:
                 grad = grad + self.weight_decay * p
             state = self.state.setdefault(name, {})
-            new[name] = self._update(p, grad, state).astype(value.dtype, copy=False)
+            updated = self._update(p, grad, state)
+            fresh = updated.dtype != value.dtype
+            updated = updated.astype(value.dtype, copy=False)
+            # a result nothing else holds goes to load_params without a copy
+            new[name] = hand_over(updated) if fresh or updated.base is None and updated is not p else updated
         return new
 
     def _update(self, p: np.ndarray, grad: np.ndarray, state: dict) -> np.ndarray:  # pragma: no cover
@@ -100,8 +137,10 @@ class Optimizer:
         rows = grad.rows
         full = {key: array for key, array in state.items() if isinstance(array, np.ndarray)}
         view = {key: array[rows] for key, array in full.items()}
-        new = value.copy()
-        new[rows] = self._update(value[rows], grad.values.astype(value.dtype), view)
+        updated = self._update(value[rows], grad.values.astype(value.dtype), view)
+        new = self._spare(name, value)
+        new[rows] = updated
+        self._tables[name] = _Table(hand_over(new), value, rows)
         for key, array in view.items():
             if key in full:
                 full[key][rows] = array
@@ -110,6 +149,29 @@ class Optimizer:
                 whole[rows] = array
                 state[key] = whole
         return new
+
+    def _spare(self, name: str, value: np.ndarray) -> np.ndarray:
+        """A writeable array equal to `value` for the sparse step to write its rows into: the table's
+        previous buffer brought up to date (the rows the last step changed), when `value` is what the last
+        step returned and nothing else holds that buffer; else a copy of `value`."""
+        table = self._tables.get(name)
+        if (
+            table is None
+            or table.current is not value
+            or table.previous is None
+            or table.rows is None
+            or table.previous.shape != value.shape
+            or table.previous.dtype != value.dtype
+            or table.previous.base is not None
+            or _held_elsewhere(table)
+        ):
+            self.table_copies += 1
+            return value.copy()
+        spare, rows = table.previous, table.rows
+        del self._tables[name]  # drops its references: `spare` is ours alone now
+        spare.flags.writeable = True  # it owns its memory
+        spare[rows] = value[rows]
+        return spare
 
     def _sparse_ok(self) -> bool:
         return False

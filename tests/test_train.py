@@ -13,7 +13,7 @@ from cortexc.errors import InputError
 from cortexc.runtime.forest import Forest
 from cortexc.runtime.vocab import Vocab
 from cortexc.train import SGD, Adagrad, Adam, accuracy, batches, softmax_cross_entropy
-from tests.helpers import EXAMPLES, sst_path
+from tests.helpers import EXAMPLES, relative_error, sst_path
 
 SHAPES = {"W": (4, 3), "b": (4,), "E": (6, 2)}
 
@@ -234,3 +234,46 @@ def test_the_train_sst_example_runs_a_few_steps_into_its_out_directory(tmp_path,
     (out / "params.npz").unlink()
     assert example.main([*small, *data]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"] and not (out / "params.npz").exists()
+
+
+# ----------------------------------------------------------------------------- the sparse step in place
+
+
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks:UserWarning")  # torch.optim's own sparse path
+def test_sparse_adagrad_steps_write_no_table_copy_and_match_torch(rng):
+    """model.load_params(opt.step(model.params, sparse_grads)) over several steps: the same values as
+    torch.optim.Adagrad on sparse COO gradients, one table copy in all (the first step), the model's table
+    alternating between two buffers; a table the caller still holds is never written (a copy then)."""
+    import torch
+
+    from cortexc.train import SparseRows
+
+    module = cortexc.load(EXAMPLES / "binary_treelstm.cell", X=4, H=3, V=50, C=2)
+    model = module.BinaryTreeLSTM(device="cpu", seed=0)
+    table = torch.nn.Parameter(torch.from_numpy(model.params["E"].copy()))
+    reference = torch.optim.Adagrad([table], lr=0.1)
+    opt = Adagrad(lr=0.1)
+    buffers = set()
+
+    def step() -> None:
+        rows = np.unique(rng.integers(0, 50, 7)).astype(np.int64)
+        values = rng.standard_normal((rows.size, 4)).astype(np.float32)
+        model.load_params(opt.step(model.params, {"E": SparseRows(rows, values, (50, 4))}))
+        buffers.add(id(model.params["E"]))
+        index, rows_values = torch.from_numpy(rows)[None], torch.from_numpy(values)
+        table.grad = torch.sparse_coo_tensor(index, rows_values, (50, 4), check_invariants=True)
+        reference.step()
+
+    for _ in range(6):
+        step()
+    assert opt.table_copies == 1 and len(buffers) == 2
+    assert relative_error(model.params["E"], table.detach().numpy()) < 1e-6
+    assert not model.params["E"].flags.writeable
+
+    held = model.params["E"]  # the caller keeps this one: no later step may write it
+    snapshot = held.copy()
+    for _ in range(3):
+        step()
+    assert np.array_equal(held, snapshot)
+    assert opt.table_copies == 2  # the step that would have reused `held` copied instead
+    assert relative_error(model.params["E"], table.detach().numpy()) < 1e-6
