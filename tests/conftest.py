@@ -52,6 +52,8 @@ NVCC = {
     "test_ops.py::test_every_op_compiles_with_nvcc_without_spills",
 }
 SLOW = {
+    "test_torch.py::test_the_cuda_host_path_matches_the_cpu_module",  # the emulated CUDA library, 2 cells
+    "test_torch.py::test_the_cuda_runner_takes_torchs_arch_needs_no_pycuda_and_checks_the_stream",  # a g++ build
     "test_device_executor.py::test_load_params_while_forwards_run_gives_all_old_or_all_new",  # threads racing
     "test_train.py::test_the_train_sst_example_runs_a_few_steps_into_its_out_directory",  # a build, SST parsed twice
     "test_determinism.py",  # fresh processes per thread count, forests of thousands of nodes

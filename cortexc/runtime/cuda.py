@@ -80,9 +80,22 @@ def _release(context: Any) -> None:
 class CudaExecutor(DeviceExecutor):
     """Runs one compiled cell on the GPU. `spec` is the cell's entry of the generated JSON."""
 
-    def __init__(self, spec: Mapping[str, Any], cuda_source: str, name: str, launch: LaunchOptions | None = None):
-        self.driver, self.gpuarray = _pycuda()
-        major, minor = self.driver.Context.get_device().compute_capability()
+    def __init__(
+        self,
+        spec: Mapping[str, Any],
+        cuda_source: str,
+        name: str,
+        launch: LaunchOptions | None = None,
+        arch: tuple[int, int] | None = None,
+    ):
+        """`arch`: the GPU's compute capability when the caller knows it and keeps its arrays itself
+        (`cortexc.torch`: torch's CUDA tensors, torch's primary context); PyCUDA is then not used."""
+        if arch is None:
+            self.driver, self.gpuarray = _pycuda()
+            major, minor = self.driver.Context.get_device().compute_capability()
+        else:
+            self.driver = self.gpuarray = None
+            major, minor = arch
         flags: tuple[str, ...] = (
             "-x",
             "cu",
@@ -99,6 +112,8 @@ class CudaExecutor(DeviceExecutor):
     def _on_device(self, where: Mapping[str, tuple[int, tuple[int, ...]]]) -> dict[str, Any]:
         """``host=False``: each result copied, device to device, into a GPUArray of its own (the arena goes
         back to the pool for the next call)."""
+        if self.gpuarray is None:
+            raise CortexcError("host=False needs the executor made with PyCUDA (no arch given)")
         arrays = {}
         for key, (address, shape) in where.items():
             array = self.gpuarray.empty(shape, np.float32)

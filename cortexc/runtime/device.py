@@ -36,6 +36,7 @@ from cortexc.runtime.linearize import Linearized
 
 ALIGN = 256  # bytes: every array of an arena starts on a boundary this wide
 MIN_BLOCK = 1 << 20  # the smallest block the pool allocates, so small forests share one
+CALL_TABLES = ("inputs", "states", "hoisted", "outputs")  # the call's pointer tables besides the params'
 
 
 def cuda_include_flags() -> tuple[str, ...]:
@@ -284,7 +285,16 @@ class DeviceExecutor:
         began before keep the old one (`DeviceParams`)."""
         names = self.spec["abi"]["params"]
         arrays = [np.ascontiguousarray(params[name], np.float32) for name in names]
-        arrays += packed_weights(self.lib, self.spec, params)
+        self._params = self._upload(arrays, packed_weights(self.lib, self.spec, params))
+
+    def upload_packed(self, params: Mapping[str, np.ndarray]) -> DeviceParams:
+        """The packed GEMM weights of these (host) params in a block of their own, for callers that keep
+        the params themselves on the device (`cortexc.torch`: torch's CUDA tensors) and pass them per call."""
+        return self._upload([], packed_weights(self.lib, self.spec, params))
+
+    def _upload(self, params: list[np.ndarray], packed: list[np.ndarray]) -> DeviceParams:
+        """Params and packed weights in one new block, in one copy."""
+        arrays = params + packed
         layout = Layout()
         for index, array in enumerate(arrays):
             layout.place(str(index), array.nbytes)
@@ -299,7 +309,7 @@ class DeviceExecutor:
             self.pool.release(block)
             raise
         addresses = [block + layout.offsets[str(i)] for i in range(len(arrays))]
-        self._params = DeviceParams(self.pool, block, addresses[: len(names)], addresses[len(names) :])
+        return DeviceParams(self.pool, block, addresses[: len(params)], addresses[len(params) :])
 
     # --- forward -----------------------------------------------------------------
     def forward(
@@ -377,6 +387,113 @@ class DeviceExecutor:
         saved = DeviceSaved(lin, call, at("call"), layout, base, kept_inputs, hoisted_shapes, device_params)
         weakref.finalize(saved, self.pool.give_back, (size, base))
         return result, saved
+
+    # --- calls on caller-allocated device arrays (cortexc.torch) ------------------------------------
+    def run_forward_at(self, lin: Linearized, packed: DeviceParams, arrays: Mapping[str, list[int]]) -> None:
+        """The forward into device arrays the caller allocated, given by address in the ABI's orders:
+        `arrays` maps "params", "inputs", "states" (N + 1 rows, zeroed), "hoisted" and "outputs" to
+        addresses; `packed` from `upload_packed`. Only the forest, the pointer tables and the call go up
+        (one copy, into a pooled arena); nothing comes back. The kernels run on the default stream."""
+        if not lin.num_nodes:
+            return
+        call, layout, base, block = self._call_arena(lin, packed, arrays, None)
+        try:
+            launch = self._launch_struct()
+            status = self.lib.cx_forward(
+                ctypes.byref(call), base + layout.offsets["call"], lin.level_ptr.ctypes.data, ctypes.byref(launch)
+            )
+            if status:
+                raise CortexcError(f"the CUDA forward failed with cudaError {status}")
+        finally:
+            self.pool.give_back(block)
+
+    def run_backward_at(
+        self,
+        lin: Linearized,
+        packed: DeviceParams,
+        arrays: Mapping[str, list[int]],
+        grads: Mapping[str, list[int]],
+    ) -> None:
+        """The backward into caller-allocated device arrays: `arrays` as for `run_forward_at` (the forward's
+        states and hoisted rows; "outputs" may be empty), `grads` maps "d_params", "d_inputs" (0 for an
+        index input), "d_states" (holding the states' upstream gradients), "d_hoisted", "upstream" (0
+        for an output without one) and "deferred" (zeroed, `deferred_shapes`) to addresses."""
+        if not lin.num_nodes:
+            return
+        call, layout, base, block = self._call_arena(lin, packed, arrays, grads)
+        try:
+            mask = sum(1 << index for index, address in enumerate(grads["upstream"]) if address)
+            status = self.lib.cx_backward(
+                ctypes.byref(call),
+                base + layout.offsets["call"],
+                base + layout.offsets["grad"],
+                lin.level_ptr.ctypes.data,
+                mask,
+                ctypes.byref(self._launch_struct()),
+            )
+            if status:
+                raise CortexcError(f"the CUDA backward failed with cudaError {status}")
+        finally:
+            self.pool.give_back(block)
+
+    def deferred_shapes(self, lin: Linearized) -> list[tuple[int, int]]:
+        """The shapes of the deferred weight gradients' factor rows a backward needs (one per node, or per
+        child edge)."""
+        edges = int(lin.edge_ptr[-1]) if len(lin.edge_ptr) else 0
+        return [
+            (max(edges if term["rows"] == "child" else lin.num_nodes, 1), term["m"] + term["k"])
+            for term in self.spec.get("deferred", [])
+        ]
+
+    def _call_arena(
+        self,
+        lin: Linearized,
+        packed: DeviceParams,
+        arrays: Mapping[str, list[int]],
+        grads: Mapping[str, list[int]] | None,
+    ) -> tuple[ctypes.Structure, Layout, int, tuple[int, int]]:
+        """An arena holding the forest, the pointer tables of `arrays` (and `grads`), the `cx_call` (and
+        `cx_grad`) over them, uploaded in one copy: the host call struct, the layout, its base, its block."""
+        uploads = {f: getattr(lin, f) for f in ("level_order", "level_ptr", "edge_ptr", "edge_child", "roots")}
+        tables = {"params": list(arrays["params"]), "packed": packed.packed}
+        tables |= {name: list(arrays[name]) for name in CALL_TABLES}
+        grad_tables = ("d_params", "d_inputs", "d_states", "d_hoisted", "upstream", "deferred")
+        if grads is not None:
+            tables |= {f"grad/{name}": list(grads[name]) for name in grad_tables}
+        layout = Layout()
+        for key, array in uploads.items():
+            layout.place(key, array.nbytes)
+        for table, addresses in tables.items():
+            layout.place(f"table/{table}", 8 * max(len(addresses), 1))
+        layout.place("call", ctypes.sizeof(CxCall))
+        if grads is not None:
+            layout.place("grad", ctypes.sizeof(CxGrad))
+        block = self.pool.take(layout.size)
+        base = block[1]
+        try:
+            call = CxCall(
+                num_nodes=lin.num_nodes,
+                num_levels=lin.num_levels,
+                max_children=lin.max_children,
+                num_roots=len(lin.roots),
+                **{field: base + layout.offsets[field] for field in uploads},
+                **{t: base + layout.offsets[f"table/{t}"] for t in ("params", "packed", *CALL_TABLES)},
+            )
+            pieces = list(uploads.items())
+            pieces += [(f"table/{t}", np.array(addresses or [0], np.uint64)) for t, addresses in tables.items()]
+            pieces.append(("call", np.frombuffer(bytes(call), np.uint8)))
+            if grads is not None:
+                grad = CxGrad(*(base + layout.offsets[f"table/grad/{name}"] for name in grad_tables))
+                pieces.append(("grad", np.frombuffer(bytes(grad), np.uint8)))
+            staging = np.zeros(layout.size, np.uint8)
+            for key, array in pieces:
+                offset = layout.offsets[key]
+                staging[offset : offset + array.nbytes] = _bytes(array)
+            self.memory.upload(base, staging)
+        except BaseException:
+            self.pool.give_back(block)
+            raise
+        return call, layout, base, block
 
     def _download(self, layout: Layout, base: int, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
         """The arrays `shapes` names (consecutive in the arena; each may be a leading part of its place) in
