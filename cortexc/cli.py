@@ -7,11 +7,14 @@ located message on stderr with exit status 1 and no traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -114,7 +117,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Compile a cell, run it compiled and with the reference interpreter on the same forest, compare."""
+    """Compile a cell, run it compiled and (once, with a progress bar) with the reference interpreter on the
+    same forest, compare."""
     from cortexc.runtime.forest import Forest
     from cortexc.runtime.loader import load_cell_file
 
@@ -141,9 +145,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"  compiled (cpu): {compiled_s * 1e3:9.2f} ms  {forest.num_trees / compiled_s:12,.0f} trees/s")
     if not args.eager:
         return 0
-    eager = getattr(module, cell.name)(device="interp", seed=args.seed)
+    from cortexc.runtime import reference
+
+    ir = getattr(module, cell.name).cell  # what device="interp" runs, compiled from the package's source
     started = time.perf_counter()
-    ref = eager(forest, **inputs)  # once: timed and compared (the interpreter is slow)
+    with progress_bar(forest.num_nodes, "interpreter", "nodes") as bar:  # once: timed and compared (it is slow)
+        ref = reference.run(ir, forest, compiled.params, inputs, progress=bar.update)
     eager_s = time.perf_counter() - started
     print(f"  eager (interp): {eager_s * 1e3:9.2f} ms  {forest.num_trees / eager_s:12,.0f} trees/s")
     print(f"  compiled / eager speed-up: {eager_s / compiled_s:.1f}x")
@@ -152,6 +159,46 @@ def cmd_run(args: argparse.Namespace) -> int:
         error = float(np.abs(out[name] - value).max()) / scale
         print(f"  {name}{list(value.shape)}: max |compiled - eager| / max |eager| = {error:.2e}")
     return 0
+
+
+class _LineProgress:
+    """A one-line progress report on stderr where tqdm is not installed (it is not a dependency):
+    rewritten in place at most every half second on a terminal, else printed once at the end."""
+
+    def __init__(self, total: int, desc: str, unit: str):
+        self.total, self.desc, self.unit = total, desc, unit
+        self.done = 0
+        self.started = self.shown = time.perf_counter()
+        self.live = sys.stderr.isatty()
+
+    def update(self, count: int) -> None:
+        self.done += count
+        now = time.perf_counter()
+        if self.live and now - self.shown >= 0.5:
+            self.shown = now
+            print(f"\r{self._line(now)}", end="", file=sys.stderr, flush=True)
+
+    def _line(self, now: float) -> str:
+        percent = 100 * self.done // max(self.total, 1)
+        return f"{self.desc}: {percent:3d}% {self.done:,}/{self.total:,} {self.unit} [{now - self.started:.1f} s]"
+
+    def close(self) -> None:
+        print(("\r" if self.live else "") + self._line(time.perf_counter()), file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def progress_bar(total: int, desc: str, unit: str) -> Iterator[Any]:
+    """A progress bar with `update(k)`: tqdm's when it is importable, else `_LineProgress`; on stderr."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        bar: Any = _LineProgress(total, desc, unit)
+    else:
+        bar = tqdm(total=total, desc=desc, unit=f" {unit}", unit_scale=True, file=sys.stderr, leave=True)
+    try:
+        yield bar
+    finally:
+        bar.close()
 
 
 def _read_trees(path: str, limit: int | None):

@@ -16,6 +16,14 @@ allocates every result, and the states come back as views of the kernels'
 arrays. The GEMM weights are packed again only when a packed param's version
 counter or storage changed (an optimizer step), once per step.
 
+On a GPU (``module.to("cuda")``) the same ops run the CUDA target on torch's CUDA tensors: torch
+allocates every result, the params and inputs are read where they are, and only the forest and the
+pointer tables go up per call (`DeviceExecutor.run_forward_at`); the packed GEMM weights are packed on
+the host and uploaded when a param changed. The kernels run on the default stream, in the device's
+primary context (which torch uses); another current stream is a typed error. PyCUDA is not needed
+there: the arch comes from torch. `use_backend("cuda-emu")` runs a module's CPU tensors through the
+same host path and the emulated CUDA library (how the tests check it without a GPU).
+
 Importing this module imports torch; `import cortexc` never does.
 """
 
@@ -32,6 +40,7 @@ from torch import Tensor, nn
 
 from cortexc.errors import CortexcError, InputError
 from cortexc.runtime.cpu import CpuExecutor
+from cortexc.runtime.device import DeviceExecutor, DeviceParams
 from cortexc.runtime.forest import Forest
 from cortexc.runtime.linearize import Linearized, linearize
 from cortexc.runtime.model import CellModel, cell_class
@@ -94,23 +103,39 @@ class ForestBatch:
 
 def _linearized(level_order: Tensor, level_ptr: Tensor, edge_ptr: Tensor, edge_child: Tensor, roots: Tensor):
     """The executor's `Linearized` over NumPy views of the forest tensors (no copy for int64 CPU ones)."""
-    arrays = [np.ascontiguousarray(t.detach().numpy(), dtype=np.int64) for t in (level_order, level_ptr, edge_ptr)]
+    arrays = [np.ascontiguousarray(_host(t), dtype=np.int64) for t in (level_order, level_ptr, edge_ptr)]
     order, ptr, eptr = arrays
-    child = np.ascontiguousarray(edge_child.detach().numpy(), dtype=np.int64)
-    root = np.ascontiguousarray(roots.detach().numpy(), dtype=np.int64)
+    child = np.ascontiguousarray(_host(edge_child), dtype=np.int64)
+    root = np.ascontiguousarray(_host(roots), dtype=np.int64)
     max_children = int(np.diff(eptr).max()) if len(order) else 0
     return Linearized(len(order), max(len(ptr) - 1, 1), max_children, order, ptr, eptr, child, root)
 
 
+def _host(tensor: Tensor) -> np.ndarray:
+    """A NumPy view of a CPU tensor (a copy to the host for a device one: the forest, which is small)."""
+    return tensor.detach().cpu().numpy()
+
+
 # ------------------------------------------------------------------------------------------------ runners
 class _Runner:
-    """One module's executor and what the ops read from its `cell.json` entry (orders and shapes)."""
+    """One module's executor on one backend (``cpu``, ``cuda``, ``cuda-emu``) and what the ops read from
+    its `cell.json` entry (orders and shapes)."""
 
-    def __init__(self, cls: type[CellModel]):
-        executor = cls.make_executor("cpu")
-        if not isinstance(executor, CpuExecutor):  # pragma: no cover - the backend table's cpu entry
-            raise CortexcError("cortexc.torch runs the cpu backend's executor")
-        self.executor = executor
+    def __init__(self, cls: type[CellModel], backend: str = "cpu", device_index: int | None = None):
+        self.backend = backend
+        self.executor: CpuExecutor | DeviceExecutor
+        if backend == "cuda":  # torch's arch and context: no PyCUDA
+            from cortexc.runtime.cuda import CudaExecutor
+
+            major, minor = torch.cuda.get_device_capability(device_index)
+            name = f"{cls._description['package']}_{cls.signature.name}"
+            self.executor = CudaExecutor(cls._spec, cls._kernel_sources["cuda"], name, arch=(major, minor))
+        else:
+            executor = cls.make_executor(backend)
+            if not isinstance(executor, CpuExecutor | DeviceExecutor):  # pragma: no cover - the backend table
+                raise CortexcError(f"cortexc.torch cannot drive the {backend} executor")
+            self.executor = executor
+        self.packed: DeviceParams | None = None  # a device runner's packed weights
         self.spec = cls._spec
         abi = self.spec["abi"]
         self.params: list[str] = list(abi["params"])
@@ -128,11 +153,24 @@ class _Runner:
         """Pack the GEMM weights again if a packed param changed since the last call: its version
         counter (bumped by every in-place update, `torch.optim` steps included) or its storage."""
         key = tuple((params[i]._version, params[i].data_ptr()) for i in self.packed_positions)
-        if key != self._packed_key:
-            arrays = {self.params[i]: _view(params[i]) for i in self.packed_positions}
-            self.executor.repack(arrays)
+        if key != self._packed_key or (self.packed is None and isinstance(self.executor, DeviceExecutor)):
+            arrays = {self.params[i]: _view(params[i].detach().cpu()) for i in self.packed_positions}
+            if isinstance(self.executor, DeviceExecutor):  # packed on the host, uploaded (a copy down first)
+                self.packed = self.executor.upload_packed(arrays)
+            else:
+                self.executor.repack(arrays)
             self._packed_key = key
             self.repacks += 1
+
+    def check_stream(self, tensor: Tensor) -> None:
+        """The kernels run on the default stream: torch's current stream must be it."""
+        if tensor.device.type == "cuda":
+            stream = torch.cuda.current_stream(tensor.device)
+            if stream.cuda_stream != 0:
+                raise CortexcError(
+                    f"CellModule runs its kernels on the default CUDA stream; torch's current stream is {stream} "
+                    "(run it outside torch.cuda.stream(...), or synchronise)"
+                )
 
 
 _RUNNERS: dict[int, _Runner] = {}
@@ -167,9 +205,23 @@ def cell_forward(
     """Every state ([N + 1] rows, the last zero), every hoisted row set, then every output (ABI order)."""
     runner = _runner(handle)
     runner.prepare(params)
-    results = _forward_shapes(runner, level_order, roots, internal, fake=False)
+    results = _forward_shapes(runner, params, level_order, roots, internal, fake=False)
     states, hoisted, outputs = _split(runner, results)
     lin = _linearized(level_order, level_ptr, edge_ptr, edge_child, roots)
+    if isinstance(runner.executor, DeviceExecutor):
+        runner.check_stream(results[0] if results else level_order)
+        params = [p.detach().contiguous() for p in params]  # kept alive (and contiguous) through the call
+        inputs = [i.detach().contiguous() for i in inputs]
+        arrays = {
+            "params": _addresses(params),
+            "inputs": _addresses(inputs),
+            "states": _addresses(states),
+            "hoisted": _addresses(hoisted),
+            "outputs": _addresses(outputs),
+        }
+        assert runner.packed is not None  # prepare uploaded them
+        runner.executor.run_forward_at(lin, runner.packed, arrays)
+        return results
     runner.executor.run_forward(
         lin,
         [_view(p) for p in params],
@@ -181,11 +233,26 @@ def cell_forward(
     return results
 
 
-def _forward_shapes(runner: _Runner, level_order: Tensor, roots: Tensor, internal: Tensor, fake: bool) -> list[Tensor]:
-    """The forward's results, allocated by torch: states zeroed (row N is the kernels' zero row)."""
+def _addresses(tensors: Sequence[Tensor | None]) -> list[int]:
+    """Device addresses of tensors (0 for None)."""
+    return [0 if t is None else int(t.data_ptr()) for t in tensors]
+
+
+def _forward_shapes(
+    runner: _Runner, params: Sequence[Tensor], level_order: Tensor, roots: Tensor, internal: Tensor, fake: bool
+) -> list[Tensor]:
+    """The forward's results, allocated by torch on the params' device: states zeroed (row N is the
+    kernels' zero row)."""
     n, r, i = level_order.shape[0], roots.shape[0], internal.shape[0]
-    empty = level_order.new_empty
-    states = [(empty if fake else torch.zeros)((n + 1, *s), dtype=torch.float32) for s in runner.spec["state_shapes"]]
+    device = params[0].device if params else level_order.device
+
+    def empty(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        return level_order.new_empty(shape, dtype=dtype, device=device)
+
+    def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        return torch.zeros(shape, dtype=dtype, device=device)
+
+    states = [(empty if fake else zeros)((n + 1, *s), dtype=torch.float32) for s in runner.spec["state_shapes"]]
     hoisted = [empty((i, width), dtype=torch.float32) for width in runner.spec["hoisted_widths"]]
     outputs = [empty(((r if o["at_root"] else n), *o["shape"]), dtype=torch.float32) for o in runner.spec["outputs"]]
     return states + hoisted + outputs
@@ -198,7 +265,7 @@ def _split(runner: _Runner, results: Sequence[Tensor]) -> tuple[list[Tensor], li
 
 @cell_forward.register_fake
 def _cell_forward_fake(handle, params, inputs, level_order, level_ptr, edge_ptr, edge_child, roots, internal):
-    return _forward_shapes(_runner(handle), level_order, roots, internal, fake=True)
+    return _forward_shapes(_runner(handle), params, level_order, roots, internal, fake=True)
 
 
 @torch.library.custom_op("cortexc::cell_backward", mutates_args=())
@@ -224,7 +291,24 @@ def cell_backward(
     d_params = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in params]
     d_inputs: list[Tensor | None] = [None] * len(inputs)
     for position in runner.float_inputs:
-        d_inputs[position] = torch.zeros(inputs[position].shape, dtype=torch.float32)
+        d_inputs[position] = torch.zeros(inputs[position].shape, dtype=torch.float32, device=inputs[position].device)
+    if isinstance(runner.executor, DeviceExecutor):
+        return _device_backward(
+            runner,
+            params,
+            inputs,
+            level_order,
+            level_ptr,
+            edge_ptr,
+            edge_child,
+            roots,
+            states,
+            hoisted,
+            d_states,
+            d_outputs,
+            d_params,
+            d_inputs,
+        )
     d_state_arrays = []
     for state, upstream in zip(states, d_states):
         d_state = torch.zeros_like(state) if upstream is None else upstream.to(torch.float32, copy=True).contiguous()
@@ -245,6 +329,61 @@ def cell_backward(
         [_view(h) for h in hoisted],
         grads,
     )
+    return d_params + [d for d in d_inputs if d is not None]
+
+
+def _device_backward(
+    runner: _Runner,
+    params: list[Tensor],
+    inputs: list[Tensor],
+    level_order: Tensor,
+    level_ptr: Tensor,
+    edge_ptr: Tensor,
+    edge_child: Tensor,
+    roots: Tensor,
+    states: list[Tensor],
+    hoisted: list[Tensor],
+    d_states: list[Tensor | None],
+    d_outputs: list[Tensor | None],
+    d_params: list[Tensor],
+    d_inputs: list[Tensor | None],
+) -> list[Tensor]:
+    """`cell_backward` on a device runner: every gradient array allocated by torch where the params are."""
+    assert isinstance(runner.executor, DeviceExecutor) and runner.packed is not None
+    runner.check_stream(d_params[0] if d_params else level_order)
+    lin = _linearized(level_order, level_ptr, edge_ptr, edge_child, roots)
+    kept = [
+        [p.detach().contiguous() for p in params],
+        [i.detach().contiguous() for i in inputs],
+        [s.detach().contiguous() for s in states],
+        [h.detach().contiguous() for h in hoisted],
+    ]
+    d_state_tensors = [
+        torch.zeros_like(state) if upstream is None else upstream.to(torch.float32, copy=True).contiguous()
+        for state, upstream in zip(kept[2], d_states)
+    ]
+    d_hoisted = [torch.zeros_like(h) for h in kept[3]]
+    upstream = [None if d is None else d.to(torch.float32).contiguous() for d in d_outputs]
+    device = d_state_tensors[0].device if d_state_tensors else level_order.device
+    deferred = [
+        torch.zeros(shape, dtype=torch.float32, device=device) for shape in runner.executor.deferred_shapes(lin)
+    ]
+    arrays = {
+        "params": _addresses(kept[0]),
+        "inputs": _addresses(kept[1]),
+        "states": _addresses(kept[2]),
+        "hoisted": _addresses(kept[3]),
+        "outputs": [0] * len(runner.spec["abi"]["outputs"]),
+    }
+    grads = {
+        "d_params": _addresses(d_params),
+        "d_inputs": _addresses(d_inputs),
+        "d_states": _addresses(d_state_tensors),
+        "d_hoisted": _addresses(d_hoisted),
+        "upstream": _addresses(upstream),
+        "deferred": _addresses(deferred),
+    }
+    runner.executor.run_backward_at(lin, runner.packed, arrays, grads)
     return d_params + [d for d in d_inputs if d is not None]
 
 
@@ -316,8 +455,33 @@ class CellModule(nn.Module):
 
     def _attach(self, cls: type[CellModel]) -> None:
         self.signature: CellSignature = cls.signature
+        self._cell_class = cls
         self._handle = next(_HANDLES)
         _RUNNERS[self._handle] = _Runner(cls)
+        self._device_handles: dict[tuple[str, int | None], int] = {}  # (backend, device index) -> handle
+
+    def use_backend(self, backend: str) -> CellModule:
+        """Run this module's CPU tensors on another executor: ``"cuda-emu"`` drives the CUDA host path
+        (what a module on a GPU runs) through the emulated CUDA library, on the CPU; ``"cpu"`` (the
+        default) the compiled C. Returns the module."""
+        if backend not in ("cpu", "cuda-emu"):
+            raise CortexcError(f"use_backend takes 'cpu' or 'cuda-emu', got {backend!r} (for a GPU: .to('cuda'))")
+        self._cpu_backend = backend
+        return self
+
+    def _handle_for(self, device: torch.device) -> int:
+        """The op handle of the runner for tensors on `device` (made on first use)."""
+        backend = "cuda" if device.type == "cuda" else getattr(self, "_cpu_backend", "cpu")
+        if device.type not in ("cpu", "cuda"):
+            raise CortexcError(f"CellModule runs on the cpu or cuda, not on {device}")
+        if backend == "cpu":
+            return self._handle
+        key = (backend, device.index)
+        if key not in self._device_handles:
+            handle = next(_HANDLES)
+            _RUNNERS[handle] = _Runner(self._cell_class, backend, device.index)
+            self._device_handles[key] = handle
+        return self._device_handles[key]
 
     @property
     def runner(self) -> _Runner:
@@ -325,12 +489,14 @@ class CellModule(nn.Module):
 
     def __del__(self) -> None:
         _RUNNERS.pop(getattr(self, "_handle", 0), None)
+        for handle in getattr(self, "_device_handles", {}).values():
+            _RUNNERS.pop(handle, None)
 
     # --- pickling: the cell class and the executor are made again from the package directory -------
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.pop("_handle", None)
-        state.pop("signature", None)
+        for name in ("_handle", "signature", "_cell_class", "_device_handles"):
+            state.pop(name, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -344,10 +510,12 @@ class CellModule(nn.Module):
         if not isinstance(batch, ForestBatch):
             raise InputError(f"expected a cortexc.torch.ForestBatch or a cortexc.Forest, got {type(batch).__name__}")
         runner = self.runner
+        params = [getattr(self, name) for name in runner.params]
+        device = params[0].device if params else torch.device("cpu")
+        handle = self._handle_for(device)
         eager = not torch.compiler.is_compiling()
         if eager:
-            self._check(batch, inputs)
-        params = [getattr(self, name) for name in runner.params]
+            self._check(batch, inputs, device)
         converted = {}
         for decl in self.signature.inputs:
             value = inputs[decl.name]
@@ -360,14 +528,14 @@ class CellModule(nn.Module):
                 params[position], converted[embedding.index] = _compact_lookup(
                     params[position], converted[embedding.index], embedding, batch
                 )
-        results = cell_forward(self._handle, params, [converted[name] for name in runner.inputs], *batch.tensors())
+        results = cell_forward(handle, params, [converted[name] for name in runner.inputs], *batch.tensors())
         n = batch.level_order.shape[0]
         out = {name: state[:n] for name, state in zip(runner.states, results)}
         outputs = results[len(runner.states) + len(runner.spec["hoisted_widths"]) :]
         out.update(zip(runner.spec["abi"]["outputs"], outputs))
         return out
 
-    def _check(self, batch: ForestBatch, inputs: Mapping[str, Tensor]) -> None:
+    def _check(self, batch: ForestBatch, inputs: Mapping[str, Tensor], device: torch.device) -> None:
         """The NumPy API's checks, on tensors: the forest's structure, the inputs' names, shapes, dtypes
         and index ranges (eager mode; a compiled graph trusts what it was traced with)."""
         sig = self.signature
@@ -388,8 +556,8 @@ class CellModule(nn.Module):
             value = inputs[name]
             if not isinstance(value, Tensor):
                 raise InputError(f"input {name} must be a torch.Tensor, got {type(value).__name__}")
-            if value.device.type != "cpu":
-                raise InputError(f"input {name} is on {value.device}; this CellModule runs on the cpu")
+            if value.device != device:
+                raise InputError(f"input {name} is on {value.device}; this CellModule's params are on {device}")
             if decl.is_index:
                 if tuple(value.shape) != (n,):
                     raise InputError(

@@ -1,7 +1,8 @@
 """Training helpers in NumPy: optimizers over a params dict, cross-entropy, accuracy, batches.
 
-A model's params are read-only arrays, so an optimizer never updates in place: ``step``
-returns new arrays, and one training step is::
+A model's params are read-only arrays, so an optimizer never writes the arrays a model holds:
+``step`` returns new arrays (handed over: `load_params` keeps them without a copy), and one
+training step is::
 
     out = model(forest, grad=True, word=ids)
     loss, d_logits = softmax_cross_entropy(out["logits"], forest.labels)
@@ -9,24 +10,66 @@ returns new arrays, and one training step is::
     model.load_params(opt.step(model.params, grads))
 
 The optimizers follow ``torch.optim`` (`SGD`, `Adagrad`, `Adam`, with the same defaults and
-update rules, weight decay included), keep their state per param name in float64, and return
-arrays of each param's own dtype. A param without a gradient is returned unchanged.
+update rules, weight decay included), keep their state per param name in the param's own dtype, and
+return arrays of each param's own dtype. A param without a gradient is returned unchanged.
+
+A sparse step (a `SparseRows` gradient: an embedding table) costs the rows, not the table: the
+optimizer keeps two buffers of the table and writes the new value into the one the model let go of
+at the previous step (bringing it up to date with the rows changed since), so no table is copied —
+when nothing else holds that buffer (a running call, a `model.params` kept by the caller: its
+reference count says so); else it copies the table, as a dense step would.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
 
-from cortexc.errors import InputError
+from cortexc.errors import ForestError, InputError
+from cortexc.runtime.csr import counts_to_ptr, gather_segments
+from cortexc.runtime.forest import Forest
 from cortexc.runtime.model import SparseRows
+from cortexc.runtime.params import hand_over
 
-__all__ = ["SGD", "Adagrad", "Adam", "Optimizer", "SparseRows", "accuracy", "batches", "softmax_cross_entropy"]
+__all__ = [
+    "SGD",
+    "Adagrad",
+    "Adam",
+    "Optimizer",
+    "SparseRows",
+    "accuracy",
+    "batches",
+    "softmax_cross_entropy",
+    "Treebank",
+]
 
 T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class _Table:
+    """The two buffers of a sparsely updated table: `current`, what the last step returned (and the model
+    now holds), `previous`, the one before, which differs from `current` at `rows` (`None`: unknown)."""
+
+    current: np.ndarray
+    previous: np.ndarray | None = None
+    rows: np.ndarray | None = None
+    probe: object = None  # held like `previous`: the reference count of an object nobody else holds
+
+
+def _held_elsewhere(table: _Table) -> bool:
+    """Whether anything but `table` holds `table.previous` (compared with `table.probe`, held alike)."""
+    table.probe = object()
+    previous, probe = table.previous, table.probe
+    held = sys.getrefcount(previous) > sys.getrefcount(probe)
+    del previous, probe
+    table.probe = None
+    return held
 
 
 class Optimizer:
@@ -40,6 +83,8 @@ class Optimizer:
         self.lr = float(lr)
         self.weight_decay = float(weight_decay)
         self.state: dict[str, dict[str, np.ndarray | int]] = {}
+        self._tables: dict[str, _Table] = {}
+        self.table_copies = 0  # sparse steps that had to copy the whole table (tests, benchmarks)
 
     def step(
         self, params: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray | SparseRows]
@@ -61,7 +106,7 @@ class Optimizer:
             dtype = value.dtype if np.issubdtype(value.dtype, np.floating) else np.float64
             given = grads[name]
             if isinstance(given, SparseRows):
-                new[name] = self._sparse(name, value.astype(dtype), given)
+                new[name] = self._sparse(name, value, given)
                 continue
             grad = np.asarray(given, dtype=dtype)
             if grad.shape != value.shape:
@@ -70,7 +115,11 @@ class Optimizer:
             if self.weight_decay:
                 grad = grad + self.weight_decay * p
             state = self.state.setdefault(name, {})
-            new[name] = self._update(p, grad, state).astype(value.dtype, copy=False)
+            updated = self._update(p, grad, state)
+            fresh = updated.dtype != value.dtype
+            updated = updated.astype(value.dtype, copy=False)
+            # a result nothing else holds goes to load_params without a copy
+            new[name] = hand_over(updated) if fresh or updated.base is None and updated is not p else updated
         return new
 
     def _update(self, p: np.ndarray, grad: np.ndarray, state: dict) -> np.ndarray:  # pragma: no cover
@@ -88,8 +137,10 @@ class Optimizer:
         rows = grad.rows
         full = {key: array for key, array in state.items() if isinstance(array, np.ndarray)}
         view = {key: array[rows] for key, array in full.items()}
-        new = value.copy()
-        new[rows] = self._update(value[rows], grad.values.astype(value.dtype), view)
+        updated = self._update(value[rows], grad.values.astype(value.dtype), view)
+        new = self._spare(name, value)
+        new[rows] = updated
+        self._tables[name] = _Table(hand_over(new), value, rows)
         for key, array in view.items():
             if key in full:
                 full[key][rows] = array
@@ -98,6 +149,29 @@ class Optimizer:
                 whole[rows] = array
                 state[key] = whole
         return new
+
+    def _spare(self, name: str, value: np.ndarray) -> np.ndarray:
+        """A writeable array equal to `value` for the sparse step to write its rows into: the table's
+        previous buffer brought up to date (the rows the last step changed), when `value` is what the last
+        step returned and nothing else holds that buffer; else a copy of `value`."""
+        table = self._tables.get(name)
+        if (
+            table is None
+            or table.current is not value
+            or table.previous is None
+            or table.rows is None
+            or table.previous.shape != value.shape
+            or table.previous.dtype != value.dtype
+            or table.previous.base is not None
+            or _held_elsewhere(table)
+        ):
+            self.table_copies += 1
+            return value.copy()
+        spare, rows = table.previous, table.rows
+        del self._tables[name]  # drops its references: `spare` is ours alone now
+        spare.flags.writeable = True  # it owns its memory
+        spare[rows] = value[rows]
+        return spare
 
     def _sparse_ok(self) -> bool:
         return False
@@ -236,3 +310,62 @@ def batches(items: Sequence[T], batch_size: int, rng: np.random.Generator | None
     order = np.arange(len(items)) if rng is None else rng.permutation(len(items))
     for start in range(0, len(items), batch_size):
         yield [items[int(i)] for i in order[start : start + batch_size]]
+
+
+class Treebank:
+    """The trees of one forest parsed once (``Treebank(Forest.from_ptb_file(path))``), from which
+    batches are cut in a few vectorised steps (`select`), instead of one `Forest.from_ptb` per line and
+    `Forest.concat` over one Forest per tree. The trees must be consecutive node ranges ending at their
+    roots, as `Forest.from_ptb` numbers them (post-order within a tree, trees in order)."""
+
+    def __init__(self, forest: Forest):
+        if not isinstance(forest, Forest):
+            raise ForestError(f"Treebank needs a cortexc.Forest, got {type(forest).__name__}")
+        if not forest.is_tree:
+            raise ForestError("Treebank needs a forest of trees (no node with two parents)")
+        roots = np.asarray(forest.roots)
+        n = forest.num_nodes
+        if forest.num_trees and roots[-1] != n - 1:
+            raise ForestError(f"node {n - 1} is not a root: the trees must be consecutive node ranges ending at roots")
+        tree = np.searchsorted(roots, np.arange(n))  # the tree each node would belong to
+        child = np.asarray(forest.child_idx)
+        owner = np.repeat(np.arange(n), np.asarray(forest.num_children))
+        crossing = np.flatnonzero(tree[owner] != tree[child])
+        if crossing.size:
+            edge = int(crossing[0])
+            raise ForestError(
+                f"node {int(owner[edge])} and its child {int(child[edge])} are in different trees' node ranges: the "
+                "trees must be consecutive node ranges ending at their roots"
+            )
+        self.forest = forest
+        self.starts = np.concatenate([[0], roots[:-1] + 1]).astype(np.int64)
+        self.ends = roots + 1
+
+    def __len__(self) -> int:
+        return self.forest.num_trees
+
+    def select(self, trees: Sequence[int] | np.ndarray) -> Forest:
+        """The forest of the given trees (positions in ``forest.roots``), in that order, labels and words
+        kept; as `Forest.concat` of those trees, in time proportional to their nodes."""
+        forest = self.forest
+        chosen = np.asarray(trees, dtype=np.int64).reshape(-1)
+        if chosen.size and (chosen.min() < 0 or chosen.max() >= len(self)):
+            bad = int(chosen[(chosen < 0) | (chosen >= len(self))][0])
+            raise ForestError(f"tree {bad} is outside 0..{len(self) - 1}")
+        first = self.starts[chosen]
+        sizes = self.ends[chosen] - first
+        offsets = np.cumsum(sizes) - sizes
+        shift = np.repeat(offsets - first, sizes)  # a node's new id is its old id plus this (within a tree)
+        nodes = np.arange(int(sizes.sum()), dtype=np.int64) - shift  # the old ids, tree after tree
+        child_ptr = np.asarray(forest.child_ptr)
+        counts = child_ptr[nodes + 1] - child_ptr[nodes]
+        child_idx = gather_segments(child_ptr, np.asarray(forest.child_idx), nodes) + np.repeat(shift, counts)
+        labels = None if forest.labels is None else np.asarray(forest.labels)[nodes]
+        words = None if forest.words is None else [forest.words[i] for i in nodes.tolist()]
+        level = np.asarray(forest.level)[nodes]
+        return Forest._from_csr(counts_to_ptr(counts), child_idx.astype(np.int64), labels, words, level=level)
+
+    def batches(self, batch_size: int, rng: np.random.Generator | None = None) -> Iterator[Forest]:
+        """`batches` over the trees, each batch a `select`ed Forest."""
+        for chosen in batches(range(len(self)), batch_size, rng):
+            yield self.select(chosen)

@@ -2,19 +2,25 @@
 
 Fine-grained (5 classes) sentiment with a cross-entropy loss on every node of every tree, as in
 Tai, Socher & Manning (2015): Adagrad (lr 0.05), batches of 25 trees, random embeddings, a
-vocabulary of every train word (others map to <unk>). After each epoch, the root accuracy on dev.
+vocabulary of every train word (others map to <unk>). The compiled forward and backward kernels
+(``--device cpu``) or the reference interpreter (``--device interp``); the embedding table gets a
+sparse gradient, so the Adagrad step touches only the rows a batch looked up. After each epoch, the
+loss and root accuracy on dev. With ``--out DIR``, the params of the best epoch (by dev root
+accuracy) go to DIR/params.npz, the vocabulary to DIR/vocab.json and one JSON line per epoch to
+DIR/log.jsonl; without it nothing is written.
 
     python examples/train_sst.py --limit 300 --epochs 2 --hidden 32
-    python examples/train_sst.py --device cpu          # the compiled kernels (once the backward lands)
+    python examples/train_sst.py --out runs/sst         # the full settings, outputs in runs/sst/
 
-Only the device string differs between devices: the model runs the forest forward (keeping what
-backward needs) and `model.backward` returns the gradients, whatever the device.
+Each split is parsed once (`Forest.from_ptb_file`, vectorised) and batches are cut from it
+(`cortexc.train.Treebank`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -23,26 +29,22 @@ import numpy as np
 
 import cortexc
 from cortexc import Forest, Vocab
-from cortexc.train import Adagrad, accuracy, batches, softmax_cross_entropy
+from cortexc.train import Adagrad, Treebank, accuracy, softmax_cross_entropy
 
 HERE = Path(__file__).resolve().parent
-SST = HERE.parent.parent / "shared" / "data" / "sst"
+SST = Path(os.environ.get("CORTEXC_SST_DIR", HERE.parent.parent / "shared" / "data" / "sst"))
 
 
-def read_trees(path: Path, limit: int | None) -> list[Forest]:
-    """One Forest per non-blank line (the first `limit` lines)."""
-    trees: list[Forest] = []
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            if line.strip():
-                trees.append(Forest.from_ptb(line))
-                if limit is not None and len(trees) >= limit:
-                    break
-    return trees
+def read_trees(path: Path, limit: int | None) -> Treebank:
+    """The trees of a PTB file (one per line), parsed once; the first `limit` of them."""
+    bank = Treebank(Forest.from_ptb_file(path))
+    if limit is not None and limit < len(bank):
+        bank = Treebank(bank.select(np.arange(limit)))
+    return bank
 
 
 class Progress:
-    """A plain-text progress bar on stderr (rewritten in place with a carriage return)."""
+    """A plain-text progress bar on stderr (rewritten in place on a terminal, a line every 5 s in a log)."""
 
     def __init__(self, total: int, label: str, width: int = 30):
         self.total, self.label, self.width = total, label, width
@@ -53,7 +55,7 @@ class Progress:
     def update(self, done: int, info: str = "") -> None:
         now = time.perf_counter()
         if not self.is_tty and done < self.total and now - self.last_print < 5.0:
-            return  # a log file gets a line every few seconds, not a flood
+            return
         self.last_print = now
         filled = int(self.width * done / max(self.total, 1))
         rate = done / max(now - self.start, 1e-9)
@@ -64,11 +66,10 @@ class Progress:
         sys.stderr.flush()
 
 
-def evaluate(model, trees: list[Forest], vocab: Vocab, batch_size: int = 256) -> tuple[float, float, float]:
-    """(mean per-node loss, root accuracy, all-node accuracy) over `trees`."""
+def evaluate(model, bank: Treebank, vocab: Vocab, batch_size: int = 256) -> tuple[float, float, float]:
+    """(mean per-node loss, root accuracy, all-node accuracy) over the trees of `bank`."""
     losses, root_hits, node_hits, nodes = 0.0, 0, 0, 0
-    for start in range(0, len(trees), batch_size):
-        forest = Forest.concat(trees[start : start + batch_size])
+    for forest in bank.batches(batch_size):
         logits = model(forest, word=vocab.encode(forest))["logits"]
         loss, _ = softmax_cross_entropy(logits, forest.labels, reduction="sum")
         losses += loss
@@ -76,52 +77,79 @@ def evaluate(model, trees: list[Forest], vocab: Vocab, batch_size: int = 256) ->
         root_hits += round(accuracy(logits[roots], forest.labels[roots]) * len(roots))
         node_hits += round(accuracy(logits, forest.labels) * forest.num_nodes)
         nodes += forest.num_nodes
-    return losses / max(nodes, 1), root_hits / max(len(trees), 1), node_hits / max(nodes, 1)
+    return losses / max(nodes, 1), root_hits / max(len(bank), 1), node_hits / max(nodes, 1)
+
+
+def _positive(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults shown, except None ones (their help says what none means)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None and action.help and action.dest in ("steps", "limit", "dev_limit"):
+            return action.help + " (default: all)"
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=_Help)
+    parser.add_argument("--train", type=Path, default=SST / "train.txt", help="SST train trees (PTB format)")
+    parser.add_argument("--dev", type=Path, default=SST / "dev.txt", help="SST dev trees (PTB format)")
+    parser.add_argument("--cell", type=Path, default=HERE / "binary_treelstm.cell", help="the .cell file")
+    parser.add_argument("--epochs", type=_positive, default=10, help="passes over the train trees")
+    parser.add_argument("--steps", type=_positive, default=None, help="stop each epoch after N batches")
+    parser.add_argument("--limit", type=_positive, default=None, help="use the first N train trees")
+    parser.add_argument(
+        "--dev-limit", type=_positive, default=None, help="evaluate on the first N dev trees (default: all)"
+    )
+    parser.add_argument("--hidden", type=_positive, default=150, help="H, the Tree-LSTM memory size")
+    parser.add_argument("--embed", type=_positive, default=300, help="X, the word vector size")
+    parser.add_argument("--batch", type=_positive, default=25, help="trees per batch")
+    parser.add_argument("--lr", type=float, default=0.05, help="the Adagrad learning rate")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "interp"], help="compiled kernels or interpreter")
+    parser.add_argument("--seed", type=int, default=0, help="params and batch order")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write params.npz (best epoch), vocab.json and log.jsonl here (default: write nothing)",
+    )
+    args = parser.parse_args(argv)
+    for path in (args.train, args.dev):
+        if not path.is_file():
+            parser.error(f"{path} not found (see --train/--dev, or set CORTEXC_SST_DIR)")
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out}: that is a file, not a directory")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--train", type=Path, default=SST / "train.txt", help="SST train trees (PTB format)")
-    parser.add_argument("--dev", type=Path, default=SST / "dev.txt", help="SST dev trees (PTB format)")
-    parser.add_argument("--cell", type=Path, default=HERE / "binary_treelstm.cell")
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--limit", type=int, default=None, help="use the first N train trees")
-    parser.add_argument("--dev-limit", type=int, default=None, help="evaluate on the first N dev trees")
-    parser.add_argument("--hidden", type=int, default=150, help="H, the Tree-LSTM memory size")
-    parser.add_argument("--embed", type=int, default=300, help="X, the word vector size")
-    parser.add_argument("--batch", type=int, default=25)
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument(
-        "--device", default="cpu", help='"cpu" (compiled forward and backward) or "interp" (reference interpreter)'
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--save",
-        type=Path,
-        default=Path("sst_treelstm.npz"),
-        help="params (.npz); the vocabulary is written next to it as .vocab.json",
-    )
-    args = parser.parse_args(argv)
-
-    for path in (args.train, args.dev):
-        if not path.exists():
-            parser.error(f"{path} not found (see --train/--dev)")
+    args = parse_args(argv)
     t0 = time.perf_counter()
     train = read_trees(args.train, args.limit)
     dev = read_trees(args.dev, args.dev_limit)
-    vocab = Vocab.build(train, min_count=1)
+    vocab = Vocab.build([train.forest], min_count=1)
     print(
-        f"train {len(train)} trees ({sum(t.num_nodes for t in train)} nodes), dev {len(dev)} trees, "
-        f"vocabulary {len(vocab)} words; read in {time.perf_counter() - t0:.1f}s",
+        f"train {len(train)} trees ({train.forest.num_nodes} nodes), dev {len(dev)} trees, "
+        f"vocabulary {len(vocab)} words; read in {time.perf_counter() - t0:.2f} s",
         flush=True,
     )
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "vocab.json").write_text(json.dumps(vocab.to_dict()), encoding="utf-8")
+        (args.out / "log.jsonl").write_text("", encoding="utf-8")
+        print(f"writing params.npz, vocab.json and log.jsonl to {args.out}/", flush=True)
 
     module = cortexc.load(args.cell, V=len(vocab), X=args.embed, H=args.hidden, C=5)
     model = module.BinaryTreeLSTM(device=args.device, seed=args.seed)
-    sizes = {name: value.size for name, value in model.params.items()}
+    count = sum(value.size for value in model.params.values())
     print(
-        f"BinaryTreeLSTM V={len(vocab)} X={args.embed} H={args.hidden} on {args.device}: {sum(sizes.values())} params",
-        flush=True,
+        f"BinaryTreeLSTM V={len(vocab)} X={args.embed} H={args.hidden} on {args.device}: {count:,} params", flush=True
     )
     opt = Adagrad(args.lr)
     rng = np.random.default_rng(args.seed)
@@ -129,30 +157,38 @@ def main(argv: list[str] | None = None) -> int:
     best = -1.0
     for epoch in range(1, args.epochs + 1):
         start = time.perf_counter()
-        progress = Progress(len(train), f"epoch {epoch}/{args.epochs}")
+        steps = len(range(0, len(train), args.batch)) if args.steps is None else args.steps
+        progress = Progress(min(len(train), steps * args.batch), f"epoch {epoch}/{args.epochs}")
         done, total_loss, total_nodes = 0, 0.0, 0
-        for batch in batches(train, args.batch, rng):
-            forest = Forest.concat(batch)
+        for step, forest in enumerate(train.batches(args.batch, rng)):
+            if step == steps:
+                break
             out = model(forest, grad=True, word=vocab.encode(forest))
             loss, d_logits = softmax_cross_entropy(out["logits"], forest.labels)
-            grads = model.backward(out, {"logits": d_logits})
+            grads = model.backward(out, {"logits": d_logits}, sparse=True)
             model.load_params(opt.step(model.params, grads))
-            done += len(batch)
+            done += forest.num_trees
             total_loss += loss * forest.num_nodes
             total_nodes += forest.num_nodes
             progress.update(done, f"loss {total_loss / total_nodes:.4f}")
         train_time = time.perf_counter() - start
         dev_loss, dev_root, dev_nodes = evaluate(model, dev, vocab)
-        best = max(best, dev_root)
+        train_loss = total_loss / max(total_nodes, 1)
         print(
-            f"epoch {epoch}: train loss {total_loss / max(total_nodes, 1):.4f} ({train_time:.1f}s) | "
+            f"epoch {epoch}: train loss {train_loss:.4f} ({train_time:.1f} s) | "
             f"dev loss {dev_loss:.4f}, root acc {dev_root:.4f}, all-node acc {dev_nodes:.4f} "
-            f"({time.perf_counter() - start - train_time:.1f}s)",
+            f"({time.perf_counter() - start - train_time:.1f} s)",
             flush=True,
         )
-        model.save_params(args.save)
-        args.save.with_suffix(".vocab.json").write_text(json.dumps(vocab.to_dict()), encoding="utf-8")
-    print(f"best dev root accuracy {best:.4f}; params saved to {args.save}", flush=True)
+        if args.out is not None:
+            record = {"epoch": epoch, "train_loss": train_loss, "dev_loss": dev_loss, "dev_root_acc": dev_root}
+            with open(args.out / "log.jsonl", "a", encoding="utf-8") as log:
+                log.write(json.dumps(record) + "\n")
+            if dev_root > best:
+                model.save_params(args.out / "params.npz")
+        best = max(best, dev_root)
+    saved = f"; the best epoch's params in {args.out / 'params.npz'}" if args.out is not None else ""
+    print(f"best dev root accuracy {best:.4f}{saved}", flush=True)
     return 0
 
 

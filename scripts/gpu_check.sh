@@ -9,7 +9,9 @@
 #   5. installs cortexc itself into /tmp/site (it maps grammars/ to cortexc.grammars: PYTHONPATH to the
 #      checkout is not enough), and runs tests and benchmark from a copy of tests/ benchmarks/ examples/
 #      so that the checkout's cortexc/ cannot shadow the installed one
-#   6. tests/test_cuda_gpu.py (CORTEXC_REQUIRE_GPU=1: a missing PyCUDA or GPU fails, never skips)
+#   6. tests/test_cuda_gpu.py (CORTEXC_REQUIRE_GPU=1: a missing PyCUDA or GPU fails, never skips): the NumPy
+#      API against the interpreter, cortexc.torch's CellModule on cuda against the cpu module (forward and
+#      gradients; torch with CUDA required), and DDP on nccl over 2 GPUs (skipped with fewer)
 #   7. benchmarks/bench_gpu.py; a summary, then the benchmark table LAST
 #
 # A failed step is reported and the later ones still run where they can (a failed PyCUDA build still gives the
@@ -110,7 +112,9 @@ for name in ("numpy", "setuptools", "jinja2", "networkx", "pytest", "torch", "ma
         print(f"  {name} MISSING ({err})")
 try:
     import torch
-    print("  torch cuda", torch.version.cuda, "available:", torch.cuda.is_available())
+    print("  torch cuda", torch.version.cuda, "available:", torch.cuda.is_available(),
+          "devices:", torch.cuda.device_count() if torch.cuda.is_available() else 0,
+          "nccl:", torch.distributed.is_available() and torch.distributed.is_nccl_available())
 except ImportError:
     pass
 EOF
@@ -347,6 +351,11 @@ run_tests() {
     if [ "$DRY" = 1 ] && [ "$rc" -eq 5 ]; then
         echo "(dry run: the module skipped, as it must without a GPU)"
         rc=0
+    fi
+    if [ "$DRY" = 1 ] && [ "$rc" -eq 0 ]; then
+        # the CellModule checks through the CUDA host path on the emulator (what .to("cuda") runs)
+        (cd "$RUN" && CORTEXC_GPU_TEST_DEVICE=cuda-emu timeout "$(within 240 100)" "$PY" -m pytest \
+            -p no:cacheprovider -q tests/test_cuda_gpu.py -k "cell_module or ddp") || rc=$?
     fi
     return "$rc"
 }

@@ -192,7 +192,7 @@ def test_run_runs_the_interpreter_once_or_not_at_all(monkeypatch, capsys):
 
     calls = []
     real = reference.run_linearized
-    monkeypatch.setattr(reference, "run_linearized", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(reference, "run_linearized", lambda *a, **k: calls.append(1) or real(*a, **k))
     assert main(["run", str(EXAMPLES / "treernn.cell"), "--limit", "3", "--repeats", "1"]) == 0
     assert len(calls) == 1 and "eager (interp)" in capsys.readouterr().out
     assert main(["run", str(EXAMPLES / "treernn.cell"), "--limit", "3", "--repeats", "1", "--no-eager"]) == 0
@@ -208,3 +208,26 @@ def test_dump_ir_says_what_it_wrote_and_help_shows_defaults(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["run", "--help"])
     assert "(default: 5)" in capsys.readouterr().out
+
+
+def test_run_shows_the_interpreters_progress_without_tqdm(monkeypatch, capsys):
+    """tqdm is optional: without it a plain line on stderr counts the nodes walked, up to all of them."""
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # `from tqdm import tqdm` raises ImportError
+    assert main(["run", str(EXAMPLES / "treernn.cell"), "--limit", "40", "--repeats", "1"]) == 0
+    captured = capsys.readouterr()
+    nodes = int(captured.out.split(" nodes, ")[0].rsplit(" ", 1)[1])
+    assert nodes > 256  # more than one progress step
+    assert captured.err.startswith(f"interpreter: 100% {nodes:,}/{nodes:,} nodes [")
+    assert "eager (interp)" in captured.out
+
+
+def test_run_shows_the_interpreters_progress_with_tqdm(monkeypatch, capsys):
+    tqdm = pytest.importorskip("tqdm")
+    updates = []
+    real = tqdm.tqdm.update
+    monkeypatch.setattr(tqdm.tqdm, "update", lambda self, n=1: updates.append(n) or real(self, n))
+    assert main(["run", str(EXAMPLES / "treernn.cell"), "--limit", "40", "--repeats", "1"]) == 0
+    captured = capsys.readouterr()
+    nodes = int(captured.out.split(" nodes, ")[0].rsplit(" ", 1)[1])
+    assert sum(updates) == nodes and len(updates) == -(-nodes // 256)
+    assert "interpreter: 100%" in captured.err

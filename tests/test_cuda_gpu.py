@@ -7,10 +7,15 @@ scripts/gpu_check.sh on the GPU machine) a missing PyCUDA, GPU or SST file fails
   panel and tile), on random forests: forward within 1e-5 and backward within 1e-4 of the interpreter
   (normwise relative error: max |gpu - ref| / max |ref|);
 - the binary Tree-LSTM at H = 256 on SST dev trees (``$CORTEXC_SST_DIR`` or ``.gpu/sst`` or
-  ``../shared/data/sst``): forward on 100 trees, backward on 20, against the interpreter.
+  ``../shared/data/sst``): forward on 100 trees, backward on 20, against the interpreter;
+- `cortexc.torch.CellModule` moved to the GPU (``.to("cuda")``) against the same module on the cpu:
+  forward and every gradient (params, float inputs, a sparse embedding gradient) over two SGD steps
+  (torch with CUDA needed: with ``CORTEXC_REQUIRE_GPU=1`` its absence fails);
+- DistributedDataParallel of a CellModule on nccl over 2 GPUs (skipped with fewer): ranks bitwise equal
+  after each of 3 SGD steps, and equal to one cpu process stepping with the averaged gradients.
 
 ``CORTEXC_GPU_TEST_DEVICE`` runs the same checks on another device (``cuda-emu``, ``cpu``): a way to test this
-file without a GPU.
+file without a GPU (the CellModule test then drives the CUDA host path on CPU tensors, ``use_backend``).
 """
 
 from __future__ import annotations
@@ -197,3 +202,166 @@ def test_results_can_stay_on_the_gpu(packages, rng):
             assert isinstance(value, GPUArray), key
             value = value.get()
         assert value.shape == expected.shape and np.array_equal(value, expected), key
+
+
+# ----------------------------------------------------------------------------- cortexc.torch on the GPU
+
+
+def _torch_device():
+    """torch, and the device a CellModule test runs on (skip, or fail under CORTEXC_REQUIRE_GPU, without one)."""
+    torch = pytest.importorskip("torch")
+    if DEVICE != "cuda":
+        return torch, torch.device("cpu")
+    if not torch.cuda.is_available():
+        reason = f"torch {torch.__version__} sees no CUDA device (built with CUDA {torch.version.cuda})"
+        if REQUIRE_GPU:
+            pytest.fail(f"CORTEXC_REQUIRE_GPU=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+    return torch, torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("name", ["binary_treelstm", "treelstm"])
+def test_cell_module_on_the_gpu_matches_the_cpu_module(packages, name, sparse, rng):
+    """`CellModule.to("cuda")` against the same module on the cpu: forward, the gradients of every param
+    and float input, over two SGD steps (so the packed weights are uploaded again after a step)."""
+    torch, device = _torch_device()
+    from cortexc.torch import CellModule, ForestBatch
+
+    if sparse and name != "binary_treelstm":
+        pytest.skip("only the binary Tree-LSTM has an embedding table")
+    cls = getattr(packages["mid", name], {"binary_treelstm": "BinaryTreeLSTM", "treelstm": "ChildSumTreeLSTM"}[name])
+    on_cpu, on_gpu = CellModule(cls, seed=7, sparse=sparse), CellModule(cls, seed=7, sparse=sparse)
+    on_gpu = on_gpu.to(device) if DEVICE == "cuda" else on_gpu.use_backend(DEVICE)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (on_cpu, on_gpu)]
+    for _ in range(2):
+        forest = _forest(cls.cell, rng)
+        inputs = {k: torch.from_numpy(v) for k, v in random_inputs(cls.cell, forest, rng).items()}
+        batch = ForestBatch.from_forest(forest)
+        results, weights = [], None
+        for module, optimizer, where in ((on_cpu, optimizers[0], "cpu"), (on_gpu, optimizers[1], device)):
+            given = {k: v.to(where).requires_grad_(v.is_floating_point()) for k, v in inputs.items()}
+            out = module(batch, **given)
+            if weights is None:
+                weights = {k: torch.randn(tuple(v.shape)) for k, v in out.items()}
+            optimizer.zero_grad()
+            sum((out[k] * w.to(where)).sum() for k, w in weights.items()).backward()
+            grads = {n: p.grad.to_dense().cpu() for n, p in module.named_parameters() if p.grad is not None}
+            grads |= {k: v.grad.cpu() for k, v in given.items() if v.grad is not None}
+            results.append(({k: v.detach().cpu() for k, v in out.items()}, grads))
+            optimizer.step()
+        (out_cpu, grads_cpu), (out_gpu, grads_gpu) = results
+        for key, value in out_cpu.items():
+            assert _relative(out_gpu[key].numpy(), value.numpy()) < FORWARD_RTOL, key
+        assert set(grads_gpu) == set(grads_cpu)
+        for key, value in grads_cpu.items():
+            assert _relative(grads_gpu[key].numpy(), value.numpy()) < BACKWARD_RTOL, key
+    for name_, p in on_gpu.named_parameters():
+        assert p.device == device, name_
+
+
+NCCL_RANK = """
+import os, pickle, sys
+import numpy as np, torch, torch.distributed as dist
+from cortexc.runtime.model import cell_class
+from cortexc.torch import CellModule
+rank = int(sys.argv[1])
+package, shards, out = sys.argv[2], sys.argv[3], sys.argv[4]
+torch.cuda.set_device(rank)
+dist.init_process_group("nccl", rank=rank, world_size=2)
+device = torch.device("cuda", rank)
+module = CellModule(cell_class(package, "BinaryTreeLSTM"), seed=100 + rank).to(device)
+ddp = torch.nn.parallel.DistributedDataParallel(module, device_ids=[rank])
+optimizer = torch.optim.SGD(ddp.parameters(), lr=0.5)
+with open(shards, "rb") as file:
+    steps = pickle.load(file)
+history = []
+for shard in steps:
+    forest, word, labels = shard[rank]
+    optimizer.zero_grad()
+    logits = ddp(forest, word=torch.as_tensor(word).to(device))["logits"]
+    roots = torch.as_tensor(forest.roots).to(device)
+    torch.nn.functional.cross_entropy(logits[roots], torch.as_tensor(labels).to(device)).backward()
+    optimizer.step()
+    history.append({k: v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()})
+with open(out, "wb") as file:
+    pickle.dump(history, file)
+dist.destroy_process_group()
+"""
+
+
+def test_ddp_on_two_gpus_over_nccl_matches_one_process(packages, rng, tmp_path):
+    """DistributedDataParallel(CellModule on cuda:rank) on nccl, 2 ranks built with different seeds: after
+    each of 3 SGD steps both ranks hold bitwise the same params, equal (GPU vs CPU tolerance) to one cpu
+    process stepping with the two shards' gradients averaged. Skipped with fewer than 2 GPUs."""
+    import os
+    import pickle
+    import socket
+    import subprocess
+    import sys
+
+    torch, device = _torch_device()
+    if DEVICE != "cuda" or torch.cuda.device_count() < 2 or not torch.distributed.is_nccl_available():
+        pytest.skip("DDP on nccl needs 2 GPUs and torch with NCCL")
+    from cortexc.torch import CellModule
+
+    dims = {"V": 30, "X": 6, "H": 5, "C": 3}
+    cls = cortexc.load(EXAMPLES / "binary_treelstm.cell", **dims).BinaryTreeLSTM
+    reference = CellModule(cls, seed=100)
+    steps = []
+    for _ in range(3):
+        shard = []
+        for _rank in range(2):
+            forest = Forest.random(3, rng=rng, binary=True, max_children=2, max_nodes=9)
+            shard.append((forest, rng.integers(0, dims["V"], forest.num_nodes), rng.integers(0, dims["C"], 3)))
+        steps.append(shard)
+    with open(tmp_path / "shards.pickle", "wb") as file:
+        pickle.dump(steps, file)
+    warm = CellModule(cls, seed=100).to(device)  # builds the .cu here, once: the ranks only load it
+    forest, word, _ = steps[0][0]
+    warm(forest, word=torch.as_tensor(word).to(device))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(REPO)]))
+    ranks = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                NCCL_RANK,
+                str(r),
+                str(cls._package),
+                str(tmp_path / "shards.pickle"),
+                str(tmp_path / f"{r}.pickle"),
+            ],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    for process in ranks:
+        _, err = process.communicate(timeout=240)
+        assert process.returncode == 0, err
+    histories = []
+    for r in range(2):
+        with open(tmp_path / f"{r}.pickle", "rb") as file:
+            histories.append(pickle.load(file))
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
+    for step, shard in enumerate(steps):
+        for name in histories[0][step]:
+            assert np.array_equal(histories[0][step][name], histories[1][step][name]), (step, name)
+        grads = []
+        for forest, word, labels in shard:
+            reference.zero_grad()
+            logits = reference(forest, word=torch.as_tensor(word))["logits"]
+            roots = torch.as_tensor(forest.roots)
+            torch.nn.functional.cross_entropy(logits[roots], torch.as_tensor(labels)).backward()
+            grads.append({k: p.grad.clone() for k, p in reference.named_parameters()})
+        for name, p in reference.named_parameters():
+            p.grad = (grads[0][name] + grads[1][name]) / 2
+        optimizer.step()
+        for name, value in reference.state_dict().items():
+            np.testing.assert_allclose(histories[0][step][name], value.numpy(), rtol=1e-4, atol=1e-5, err_msg=name)

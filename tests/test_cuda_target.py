@@ -13,6 +13,7 @@ import pytest
 
 import cortexc
 from cortexc import Forest
+from cortexc.errors import CortexcError
 from tests.helpers import (
     EXAMPLES,
     compare_backward,
@@ -146,19 +147,50 @@ class _StandInGPUArray:
         return self._host.copy()
 
 
-def test_the_cuda_executor_with_a_stand_in_for_pycuda(packages, rng, monkeypatch):
-    """device="cuda" end to end on the CPU: PyCUDA replaced by a stand-in (its context reports sm_90, its
-    device-to-device copy is a memmove) and nvcc by the emulator build. What is left for a GPU run is PyCUDA
-    itself and the driver; cuda.py's own logic (arch flags, results kept on the device) runs here."""
+def _stand_in_pycuda(monkeypatch, devices: int = 1) -> list[str]:
+    """PyCUDA replaced by a stand-in over host memory: its driver records what is done to contexts (a
+    context it would *create* is an error, and `pycuda.autoinit`, which creates one, cannot be imported);
+    the device reports compute capability 9.0, a device-to-device copy is a memmove. Returns the record."""
     import ctypes
     import sys
     import types
 
     from cortexc.runtime import cuda as cuda_runtime
-    from cortexc.runtime.cuda_emulated import build_emulated
 
+    events: list[str] = []
     device = types.SimpleNamespace(compute_capability=lambda: (9, 0))
+
+    class Primary:
+        def __init__(self, ordinal: int):
+            self.ordinal = ordinal
+
+        def push(self):
+            events.append(f"push {self.ordinal}")
+
+        def pop(self):
+            events.append(f"pop {self.ordinal}")
+
+    class Device:
+        def __init__(self, ordinal: int):
+            self.ordinal = ordinal
+
+        @staticmethod
+        def count() -> int:
+            return devices
+
+        def retain_primary_context(self):
+            events.append(f"retain {self.ordinal}")
+            return Primary(self.ordinal)
+
+        def make_context(self):  # pragma: no cover - what must not happen
+            raise AssertionError("PyCUDA was asked to create a context")
+
+        def compute_capability(self):
+            return (9, 0)
+
     driver = types.ModuleType("pycuda.driver")
+    driver.init = lambda flags=0: events.append("init")
+    driver.Device = Device
     driver.Context = types.SimpleNamespace(get_device=lambda: device)
     driver.memcpy_dtod = lambda dst, src, nbytes: ctypes.memmove(int(dst), int(src), nbytes)
     gpuarray = types.ModuleType("pycuda.gpuarray")
@@ -167,11 +199,51 @@ def test_the_cuda_executor_with_a_stand_in_for_pycuda(packages, rng, monkeypatch
     package.driver, package.gpuarray = driver, gpuarray
     for name, module in {
         "pycuda": package,
-        "pycuda.autoinit": types.ModuleType("pycuda.autoinit"),
+        "pycuda.autoinit": None,  # importing it raises ImportError
         "pycuda.driver": driver,
         "pycuda.gpuarray": gpuarray,
     }.items():
         monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(cuda_runtime, "_PRIMARY", {})
+    monkeypatch.setattr(cuda_runtime.atexit, "register", lambda *args: None)
+    return events
+
+
+def test_pycuda_attaches_to_the_primary_context_of_torchs_device(monkeypatch):
+    """The device: torch's current one once torch has set up CUDA, else CORTEXC_CUDA_DEVICE (default 0);
+    its primary context retained and pushed once per process, never created; a missing GPU is a typed error."""
+    import torch
+
+    from cortexc.runtime import cuda as cuda_runtime
+
+    events = _stand_in_pycuda(monkeypatch, devices=2)
+    monkeypatch.delenv("CORTEXC_CUDA_DEVICE", raising=False)
+    assert cuda_runtime.cuda_device_ordinal() == 0
+    monkeypatch.setenv("CORTEXC_CUDA_DEVICE", "1")
+    cuda_runtime._pycuda()
+    cuda_runtime._pycuda()
+    assert events == ["init", "retain 1", "push 1", "init"]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert cuda_runtime.cuda_device_ordinal() == 0  # torch's device wins over the variable
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 5)
+    with pytest.raises(CortexcError, match="there is no GPU 5 \\(2 found\\)"):
+        cuda_runtime._pycuda()
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setenv("CORTEXC_CUDA_DEVICE", "x")
+    with pytest.raises(CortexcError, match="CORTEXC_CUDA_DEVICE='x'"):
+        cuda_runtime.cuda_device_ordinal()
+
+
+def test_the_cuda_executor_with_a_stand_in_for_pycuda(packages, rng, monkeypatch):
+    """device="cuda" end to end on the CPU: PyCUDA replaced by a stand-in (its context reports sm_90, its
+    device-to-device copy is a memmove) and nvcc by the emulator build. What is left for a GPU run is PyCUDA
+    itself and the driver; cuda.py's own logic (the primary context, arch flags, results kept on the device)
+    runs here."""
+    from cortexc.runtime import cuda as cuda_runtime
+    from cortexc.runtime.cuda_emulated import build_emulated
+
+    events = _stand_in_pycuda(monkeypatch)
     builds = []
 
     def build(source, name, source_path=None, compiler=None, flags=()):
@@ -182,6 +254,9 @@ def test_the_cuda_executor_with_a_stand_in_for_pycuda(packages, rng, monkeypatch
 
     module = packages["binary_treelstm"]
     gpu, reference = module.BinaryTreeLSTM(device="cuda", seed=3), module.BinaryTreeLSTM(device="interp", seed=3)
+    gpu._executor_for_device()
+    module.BinaryTreeLSTM(device="cuda", seed=3)._executor_for_device()  # a second executor: no second push
+    assert events == ["init", "retain 0", "push 0", "init"]  # the primary context, retained once, no autoinit
     forest = Forest.random(6, rng=rng, binary=True, max_nodes=15)
     inputs = random_inputs(reference.cell, forest, rng)
     out, expected = gpu(forest, grad=True, **inputs), reference(forest, grad=True, **inputs)

@@ -102,3 +102,49 @@ def test_layout_aligns_and_spans():
     assert layout.place("c", 300) == 512
     assert layout.size == 1024
     assert layout.span("b", "c") == (256, 556)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda-emu"])
+def test_load_params_while_forwards_run_gives_all_old_or_all_new(module, device, rng):
+    """A forward running while another thread calls load_params sees one set of params whole: its results
+    are bitwise those of the old params or of the new, never a mix (and never freed memory)."""
+    import threading
+
+    model = module.BinaryTreeLSTM(device=device, seed=0)
+    old = dict(model.params)
+    new = {name: (value + 0.05 * rng.standard_normal(value.shape)).astype(np.float32) for name, value in old.items()}
+    sets = [old, new]
+    forest = Forest.random(30, rng=rng, binary=True, max_nodes=61)
+    inputs = random_inputs(model.cell, forest, rng)
+    expected = []
+    for params in sets:
+        model.load_params(params)
+        expected.append(model(forest, **inputs))
+    assert not np.array_equal(expected[0]["logits"], expected[1]["logits"])
+    # a mix tells itself apart: each param alone from the other set changes the logits
+    for name in sets[0]:
+        model.load_params({**sets[0], name: sets[1][name]})
+        assert not np.array_equal(model(forest, **inputs)["logits"], expected[0]["logits"]), name
+    model.load_params(sets[0])
+
+    stop = threading.Event()
+    loads = [0]
+
+    def reload() -> None:
+        while not stop.is_set():
+            model.load_params(sets[loads[0] % 2])
+            loads[0] += 1
+
+    thread = threading.Thread(target=reload)
+    thread.start()
+    seen = set()
+    try:
+        for _ in range(40 if device == "cpu" else 12):
+            out = model(forest, **inputs)
+            matches = [k for k in (0, 1) if all(np.array_equal(out[key], expected[k][key]) for key in out)]
+            assert matches, f"a forward mixed old and new params (after {loads[0]} loads)"
+            seen.update(matches)
+    finally:
+        stop.set()
+        thread.join()
+    assert loads[0] > 5

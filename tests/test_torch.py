@@ -375,3 +375,108 @@ def test_sparse_adagrad_native_and_torch_agree_with_the_dense_step(binary, rng):
     untouched = sorted(set(range(BINARY["V"])) - looked_up)
     assert np.array_equal(sparse_model.params["E"][untouched], start[untouched])
     assert not np.array_equal(sparse_model.params["E"], start)
+
+
+# ----------------------------------------------------------------------------- the CUDA host path, emulated
+
+
+def _device_case(cls, rng, sparse: bool = False):
+    """A cpu module and one driving the CUDA host path through the emulator, with the same params."""
+    on_cpu, emulated = CellModule(cls, seed=4, sparse=sparse), CellModule(cls, seed=4, sparse=sparse)
+    with torch.no_grad():
+        for p, q in zip(on_cpu.parameters(), emulated.parameters()):
+            p.add_(torch.from_numpy(0.3 * rng.standard_normal(p.shape).astype(np.float32)))
+            q.copy_(p)
+    return on_cpu, emulated.use_backend("cuda-emu")
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_the_cuda_host_path_matches_the_cpu_module(binary, childsum, rng, sparse):
+    """What `.to("cuda")` runs — torch-allocated results, params and inputs read in place, forest and
+    pointer tables uploaded, packed weights uploaded when a param changed — here through the emulated CUDA
+    library on CPU tensors: forward and every gradient equal the cpu module's, over two optimizer steps."""
+    for cls, make in ((binary, binary_case), (childsum, None)):
+        on_cpu, emulated = _device_case(cls, rng, sparse=sparse and cls is binary)
+        optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (on_cpu, emulated)]
+        for _ in range(2):
+            if make is not None:
+                forest, word = make(rng)
+                inputs = {"word": torch.as_tensor(word)}
+            else:
+                forest = Forest.random(4, rng=rng, max_children=3, max_nodes=12)
+                inputs = {
+                    "x": torch.from_numpy(rng.standard_normal((forest.num_nodes, CHILDSUM["X"])).astype(np.float32))
+                }
+            batch = ForestBatch.from_forest(forest)
+            results, weights = [], None
+            for module, optimizer in zip((on_cpu, emulated), optimizers):
+                given = {k: v.clone().requires_grad_(v.is_floating_point()) for k, v in inputs.items()}
+                out = module(batch, **given)
+                if weights is None:  # the same loss for both modules
+                    weights = {
+                        k: torch.from_numpy(rng.standard_normal(tuple(v.shape)).astype(np.float32))
+                        for k, v in out.items()
+                    }
+                optimizer.zero_grad()
+                sum((out[k] * w).sum() for k, w in weights.items()).backward()
+                grads = {n: p.grad.to_dense().clone() for n, p in module.named_parameters() if p.grad is not None}
+                grads |= {k: v.grad.clone() for k, v in given.items() if v.grad is not None}
+                results.append(({k: v.detach().clone() for k, v in out.items()}, grads))
+                optimizer.step()
+            (out_cpu, grads_cpu), (out_emu, grads_emu) = results
+            for key, value in out_cpu.items():
+                assert relative_error(out_emu[key].numpy(), value.numpy()) < 1e-5, key
+            assert set(grads_emu) == set(grads_cpu)
+            for key, value in grads_cpu.items():
+                assert relative_error(grads_emu[key].numpy(), value.numpy()) < 1e-4, key
+        from cortexc.torch import _RUNNERS
+
+        (handle,) = emulated._device_handles.values()
+        assert _RUNNERS[handle].backend == "cuda-emu" and _RUNNERS[handle].repacks == 2  # once per step
+
+
+def test_the_cuda_runner_takes_torchs_arch_needs_no_pycuda_and_checks_the_stream(binary, rng, monkeypatch):
+    """The runner `.to("cuda")` makes: the arch from torch (nvcc's -arch), no PyCUDA imported, torch's
+    current stream must be the default one; here nvcc is replaced by the emulator build and the op runs
+    on CPU tensors, against the cpu module."""
+    import types
+
+    from cortexc.errors import CortexcError
+    from cortexc.runtime import cuda as cuda_runtime
+    from cortexc.runtime.cuda_emulated import build_emulated
+    from cortexc.torch import _HANDLES, _RUNNERS, _Runner
+
+    monkeypatch.setitem(sys.modules, "pycuda", None)  # importing PyCUDA fails
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (8, 6))
+    builds = []
+
+    def build(source, name, source_path=None, compiler=None, flags=()):
+        builds.append((name, compiler, flags))
+        return build_emulated(source, name)
+
+    monkeypatch.setattr(cuda_runtime, "build_shared", build)
+    runner = _Runner(binary, "cuda", 0)
+    assert builds[0][1] == "nvcc" and "-arch=sm_86" in builds[0][2] and builds[0][0].endswith("_sm86")
+    handle = next(_HANDLES)
+    _RUNNERS[handle] = runner
+    try:
+        module = CellModule(binary, seed=5)
+        forest, word = binary_case(rng)
+        batch = ForestBatch.from_forest(forest)
+        params = [getattr(module, name) for name in runner.params]
+        got = cell_forward(handle, params, [torch.as_tensor(word, dtype=torch.int32)], *batch.tensors())
+        expected = cell_forward(module._handle, params, [torch.as_tensor(word, dtype=torch.int32)], *batch.tensors())
+        for a, b in zip(got, expected):
+            assert relative_error(a.detach().numpy(), b.detach().numpy()) < 1e-5
+    finally:
+        del _RUNNERS[handle]
+
+    on_gpu = types.SimpleNamespace(device=torch.device("cuda", 0))
+    streams = {"current": types.SimpleNamespace(cuda_stream=0)}
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: streams["current"])
+    runner.check_stream(on_gpu)  # the default stream: fine
+    streams["current"] = types.SimpleNamespace(cuda_stream=0x1234)
+    with pytest.raises(CortexcError, match="default CUDA stream"):
+        runner.check_stream(on_gpu)
+    with pytest.raises(CortexcError, match="use_backend takes 'cpu' or 'cuda-emu'"):
+        module.use_backend("cuda")

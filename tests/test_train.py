@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -12,7 +13,7 @@ from cortexc.errors import InputError
 from cortexc.runtime.forest import Forest
 from cortexc.runtime.vocab import Vocab
 from cortexc.train import SGD, Adagrad, Adam, accuracy, batches, softmax_cross_entropy
-from tests.helpers import EXAMPLES, sst_path
+from tests.helpers import EXAMPLES, relative_error, sst_path
 
 SHAPES = {"W": (4, 3), "b": (4,), "E": (6, 2)}
 
@@ -171,3 +172,108 @@ def test_short_sst_training_run_lowers_the_loss():
     print(f"epoch losses {epoch_losses} in {elapsed:.1f}s")
     assert all(np.isfinite(epoch_losses))
     assert epoch_losses[-1] < epoch_losses[0] - 0.05, epoch_losses
+
+
+# ----------------------------------------------------------------------------- Treebank: batches cut from one parse
+
+
+def test_treebank_select_equals_concat_of_the_trees_parsed_one_by_one(rng):
+    lines = sst_path("dev").read_text(encoding="utf-8").splitlines()[:120]
+    from cortexc.train import Treebank
+
+    bank = Treebank(Forest.from_ptb(lines))
+    per_tree = [Forest.from_ptb(line) for line in lines]
+    assert len(bank) == len(lines)
+    assert bank.select([]).num_nodes == 0
+    for chosen in ([0], [119], list(rng.choice(120, 25, replace=False)), [5, 5, 3]):
+        got = bank.select(chosen)
+        expected = Forest.concat([per_tree[i] for i in chosen])
+        for name in ("child_ptr", "child_idx", "labels", "level", "level_order", "level_ptr", "roots", "parents"):
+            assert np.array_equal(getattr(got, name), getattr(expected, name)), (chosen, name)
+        assert got.words == expected.words
+    seen = sorted(int(t) for forest in bank.batches(25, np.random.default_rng(0)) for t in [forest.num_trees])
+    assert sum(seen) == 120 and max(seen) == 25
+
+
+def test_treebank_rejects_what_it_cannot_cut():
+    from cortexc.errors import ForestError
+    from cortexc.train import Treebank
+
+    with pytest.raises(ForestError, match="two parents"):
+        Treebank(Forest.random_dag(10, rng=0))
+    with pytest.raises(ForestError, match="node 2 is not a root"):
+        Treebank(Forest.from_parents([-1, 0, 0]))  # the root first: not the end of its range
+    # node 1's parent is node 3 of the next range (roots 2 and 4)
+    with pytest.raises(ForestError, match="different trees' node ranges"):
+        Treebank(Forest.from_parents([2, 3, -1, 4, -1]))
+    bank = Treebank(Forest.from_ptb("(1 a)\n(2 b)\n"))
+    with pytest.raises(ForestError, match="tree 2 is outside 0..1"):
+        bank.select([0, 2])
+
+
+def test_the_train_sst_example_runs_a_few_steps_into_its_out_directory(tmp_path, monkeypatch):
+    """examples/train_sst.py end to end on a small subset: it writes only into --out, and with no --out nothing."""
+    import importlib.util
+
+    sst_path("train")
+    spec = importlib.util.spec_from_file_location("train_sst_example", EXAMPLES / "train_sst.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    monkeypatch.chdir(tmp_path)
+    small = ["--limit", "40", "--dev-limit", "20", "--epochs", "2", "--steps", "2", "--hidden", "6", "--embed", "5"]
+    out = tmp_path / "run"
+    data = ["--train", str(sst_path("train")), "--dev", str(sst_path("dev"))]
+    assert example.main([*small, *data, "--out", str(out)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert sorted(p.name for p in out.iterdir()) == ["log.jsonl", "params.npz", "vocab.json"]
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in log] == [1, 2] and log[1]["train_loss"] < log[0]["train_loss"] + 0.5
+    with np.load(out / "params.npz") as saved:
+        assert saved["E"].shape == (len(Vocab.from_dict(json.loads((out / "vocab.json").read_text()))), 5)
+    (out / "params.npz").unlink()
+    assert example.main([*small, *data]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"] and not (out / "params.npz").exists()
+
+
+# ----------------------------------------------------------------------------- the sparse step in place
+
+
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks:UserWarning")  # torch.optim's own sparse path
+def test_sparse_adagrad_steps_write_no_table_copy_and_match_torch(rng):
+    """model.load_params(opt.step(model.params, sparse_grads)) over several steps: the same values as
+    torch.optim.Adagrad on sparse COO gradients, one table copy in all (the first step), the model's table
+    alternating between two buffers; a table the caller still holds is never written (a copy then)."""
+    import torch
+
+    from cortexc.train import SparseRows
+
+    module = cortexc.load(EXAMPLES / "binary_treelstm.cell", X=4, H=3, V=50, C=2)
+    model = module.BinaryTreeLSTM(device="cpu", seed=0)
+    table = torch.nn.Parameter(torch.from_numpy(model.params["E"].copy()))
+    reference = torch.optim.Adagrad([table], lr=0.1)
+    opt = Adagrad(lr=0.1)
+    buffers = set()
+
+    def step() -> None:
+        rows = np.unique(rng.integers(0, 50, 7)).astype(np.int64)
+        values = rng.standard_normal((rows.size, 4)).astype(np.float32)
+        model.load_params(opt.step(model.params, {"E": SparseRows(rows, values, (50, 4))}))
+        buffers.add(id(model.params["E"]))
+        index, rows_values = torch.from_numpy(rows)[None], torch.from_numpy(values)
+        table.grad = torch.sparse_coo_tensor(index, rows_values, (50, 4), check_invariants=True)
+        reference.step()
+
+    for _ in range(6):
+        step()
+    assert opt.table_copies == 1 and len(buffers) == 2
+    assert relative_error(model.params["E"], table.detach().numpy()) < 1e-6
+    assert not model.params["E"].flags.writeable
+
+    held = model.params["E"]  # the caller keeps this one: no later step may write it
+    snapshot = held.copy()
+    for _ in range(3):
+        step()
+    assert np.array_equal(held, snapshot)
+    assert opt.table_copies == 2  # the step that would have reused `held` copied instead
+    assert relative_error(model.params["E"], table.detach().numpy()) < 1e-6

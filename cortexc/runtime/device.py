@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import threading
 import weakref
 from collections.abc import Mapping
 from importlib import resources
@@ -35,6 +36,7 @@ from cortexc.runtime.linearize import Linearized
 
 ALIGN = 256  # bytes: every array of an arena starts on a boundary this wide
 MIN_BLOCK = 1 << 20  # the smallest block the pool allocates, so small forests share one
+CALL_TABLES = ("inputs", "states", "hoisted", "outputs")  # the call's pointer tables besides the params'
 
 
 def cuda_include_flags() -> tuple[str, ...]:
@@ -117,32 +119,68 @@ class DeviceMemory:
 
 class ArenaPool:
     """Device blocks reused from call to call (cudaMalloc per call would cost more than a small forest's
-    whole forward). A block kept by a forward for its backward comes back when that result is dropped."""
+    whole forward). A block kept by a forward for its backward comes back when that result is dropped.
+    Calls from several threads share it (the kernels run without the GIL): a lock guards its lists."""
 
     def __init__(self, memory: DeviceMemory):
         self.memory = memory
         self.idle: list[tuple[int, int]] = []  # (nbytes, address)
         self.owned: list[int] = []
+        self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> tuple[int, int]:
-        fitting = [block for block in self.idle if block[0] >= nbytes]
-        if fitting:
-            block = min(fitting)
-            self.idle.remove(block)
-            return block
+        with self._lock:
+            fitting = [block for block in self.idle if block[0] >= nbytes]
+            if fitting:
+                block = min(fitting)
+                self.idle.remove(block)
+                return block
         size = max(_aligned(nbytes), MIN_BLOCK)
-        address = self.memory.alloc(size)
-        self.owned.append(address)
-        return size, address
+        return size, self.allocate(size)
+
+    def allocate(self, nbytes: int) -> int:
+        """A block of its own (freed by `release`, or with the pool)."""
+        address = self.memory.alloc(nbytes)
+        with self._lock:
+            self.owned.append(address)
+        return address
+
+    def release(self, address: int) -> None:
+        """Free a block from `allocate` now (nothing if the pool was closed and freed it already)."""
+        with self._lock:
+            if address not in self.owned:
+                return
+            self.owned.remove(address)
+        with contextlib.suppress(CortexcError):  # the context may already be gone at interpreter exit
+            self.memory.free(address)
 
     def give_back(self, block: tuple[int, int]) -> None:
-        self.idle.append(block)
+        with self._lock:
+            self.idle.append(block)
 
     def close(self) -> None:
-        for address in self.owned:
+        with self._lock:
+            owned, self.owned, self.idle = self.owned, [], []
+        for address in owned:
             with contextlib.suppress(CortexcError):  # the context may already be gone at interpreter exit
                 self.memory.free(address)
-        self.owned, self.idle = [], []
+
+
+class DeviceParams:
+    """The params and packed weights on the device: one block, and where each array starts in it.
+
+    Replaced whole by `set_params` (one attribute store), and taken once by each call, which keeps it
+    alive: a `load_params` from another thread while a call runs (the kernels run without the GIL)
+    neither mixes old and new params in that call nor frees the ones it reads. The block is freed when
+    the last holder lets go (the executor, running calls, and forwards kept for a backward, whose
+    device-side call struct points at these params)."""
+
+    def __init__(self, pool: ArenaPool, block: int, params: list[int], packed: list[int]):
+        self.block = block
+        self.params = params
+        self.packed = packed
+        if block:
+            weakref.finalize(self, pool.release, block)
 
 
 def _layout(
@@ -196,8 +234,10 @@ class DeviceSaved:
         base: int,
         inputs: dict[str, np.ndarray],
         hoisted_shapes: list[tuple[int, int]],
+        params: DeviceParams,
     ):
         self.lin = lin
+        self.params = params  # the device call struct points at them: kept alive with it
         self.call = call
         self.device_call = device_call
         self.layout = layout
@@ -229,9 +269,7 @@ class DeviceExecutor:
             self.lib.cx_backward.restype = ctypes.c_int
         self.memory = DeviceMemory(self.lib)
         self.pool = ArenaPool(self.memory)
-        self._param_block = 0
-        self._param_addresses: list[int] = []
-        self._packed_addresses: list[int] = []
+        self._params = DeviceParams(self.pool, 0, [], [])
         weakref.finalize(self, ArenaPool.close, self.pool)
 
     def _launch_struct(self) -> ctypes.Structure:
@@ -243,10 +281,20 @@ class DeviceExecutor:
 
     # --- params ----------------------------------------------------------------
     def set_params(self, params: Mapping[str, np.ndarray]) -> None:
-        """Upload the params and their packed GEMM weights, in one copy, once."""
+        """Upload the params and their packed GEMM weights, in one copy, once, into a new block; calls that
+        began before keep the old one (`DeviceParams`)."""
         names = self.spec["abi"]["params"]
         arrays = [np.ascontiguousarray(params[name], np.float32) for name in names]
-        arrays += packed_weights(self.lib, self.spec, params)
+        self._params = self._upload(arrays, packed_weights(self.lib, self.spec, params))
+
+    def upload_packed(self, params: Mapping[str, np.ndarray]) -> DeviceParams:
+        """The packed GEMM weights of these (host) params in a block of their own, for callers that keep
+        the params themselves on the device (`cortexc.torch`: torch's CUDA tensors) and pass them per call."""
+        return self._upload([], packed_weights(self.lib, self.spec, params))
+
+    def _upload(self, params: list[np.ndarray], packed: list[np.ndarray]) -> DeviceParams:
+        """Params and packed weights in one new block, in one copy."""
+        arrays = params + packed
         layout = Layout()
         for index, array in enumerate(arrays):
             layout.place(str(index), array.nbytes)
@@ -254,21 +302,21 @@ class DeviceExecutor:
         for index, array in enumerate(arrays):
             offset = layout.offsets[str(index)]
             staging[offset : offset + array.nbytes] = _bytes(array)
-        block = self.memory.alloc(layout.size)
-        self.pool.owned.append(block)  # freed with the pool
-        self.memory.upload(block, staging)
-        if self._param_block:
-            self.pool.owned.remove(self._param_block)
-            self.memory.free(self._param_block)
-        self._param_block = block
+        block = self.pool.allocate(layout.size)
+        try:
+            self.memory.upload(block, staging)
+        except BaseException:
+            self.pool.release(block)
+            raise
         addresses = [block + layout.offsets[str(i)] for i in range(len(arrays))]
-        self._param_addresses, self._packed_addresses = addresses[: len(names)], addresses[len(names) :]
+        return DeviceParams(self.pool, block, addresses[: len(params)], addresses[len(params) :])
 
     # --- forward -----------------------------------------------------------------
     def forward(
         self, lin: Linearized, inputs: Mapping[str, np.ndarray], keep: bool = False, host: bool = True
     ) -> tuple[dict[str, Any], DeviceSaved | None]:
         abi, n = self.spec["abi"], lin.num_nodes
+        device_params = self._params  # once: a concurrent set_params neither mixes nor frees them
         uploads = {
             field: getattr(lin, field) for field in ("level_order", "level_ptr", "edge_ptr", "edge_child", "roots")
         }
@@ -288,7 +336,7 @@ class DeviceExecutor:
             "hoisted": [f"hoisted/{name}" for name in abi["hoisted"]],
             "outputs": [f"output/{name}" for name in abi["outputs"]],
         }
-        counts = {"params": len(self._param_addresses), "packed": len(self._packed_addresses)}
+        counts = {"params": len(device_params.params), "packed": len(device_params.packed)}
         counts |= {table: len(keys) for table, keys in arena_tables.items()}
         # states, then outputs, then hoisted rows: the results are one span
         layout, uploaded = _layout(uploads, counts, ("call", ctypes.sizeof(CxCall)), shapes)
@@ -299,7 +347,7 @@ class DeviceExecutor:
             def at(key: str) -> int:
                 return base + layout.offsets[key]
 
-            addresses = {"params": self._param_addresses, "packed": self._packed_addresses}
+            addresses = {"params": device_params.params, "packed": device_params.packed}
             addresses |= {table: [at(key) for key in keys] for table, keys in arena_tables.items()}
             call = CxCall(
                 num_nodes=n,
@@ -336,9 +384,116 @@ class DeviceExecutor:
             self.pool.give_back((size, base))
             return result, None
         kept_inputs = {name: uploads[f"input/{name}"] for name in abi["inputs"]}
-        saved = DeviceSaved(lin, call, at("call"), layout, base, kept_inputs, hoisted_shapes)
+        saved = DeviceSaved(lin, call, at("call"), layout, base, kept_inputs, hoisted_shapes, device_params)
         weakref.finalize(saved, self.pool.give_back, (size, base))
         return result, saved
+
+    # --- calls on caller-allocated device arrays (cortexc.torch) ------------------------------------
+    def run_forward_at(self, lin: Linearized, packed: DeviceParams, arrays: Mapping[str, list[int]]) -> None:
+        """The forward into device arrays the caller allocated, given by address in the ABI's orders:
+        `arrays` maps "params", "inputs", "states" (N + 1 rows, zeroed), "hoisted" and "outputs" to
+        addresses; `packed` from `upload_packed`. Only the forest, the pointer tables and the call go up
+        (one copy, into a pooled arena); nothing comes back. The kernels run on the default stream."""
+        if not lin.num_nodes:
+            return
+        call, layout, base, block = self._call_arena(lin, packed, arrays, None)
+        try:
+            launch = self._launch_struct()
+            status = self.lib.cx_forward(
+                ctypes.byref(call), base + layout.offsets["call"], lin.level_ptr.ctypes.data, ctypes.byref(launch)
+            )
+            if status:
+                raise CortexcError(f"the CUDA forward failed with cudaError {status}")
+        finally:
+            self.pool.give_back(block)
+
+    def run_backward_at(
+        self,
+        lin: Linearized,
+        packed: DeviceParams,
+        arrays: Mapping[str, list[int]],
+        grads: Mapping[str, list[int]],
+    ) -> None:
+        """The backward into caller-allocated device arrays: `arrays` as for `run_forward_at` (the forward's
+        states and hoisted rows; "outputs" may be empty), `grads` maps "d_params", "d_inputs" (0 for an
+        index input), "d_states" (holding the states' upstream gradients), "d_hoisted", "upstream" (0
+        for an output without one) and "deferred" (zeroed, `deferred_shapes`) to addresses."""
+        if not lin.num_nodes:
+            return
+        call, layout, base, block = self._call_arena(lin, packed, arrays, grads)
+        try:
+            mask = sum(1 << index for index, address in enumerate(grads["upstream"]) if address)
+            status = self.lib.cx_backward(
+                ctypes.byref(call),
+                base + layout.offsets["call"],
+                base + layout.offsets["grad"],
+                lin.level_ptr.ctypes.data,
+                mask,
+                ctypes.byref(self._launch_struct()),
+            )
+            if status:
+                raise CortexcError(f"the CUDA backward failed with cudaError {status}")
+        finally:
+            self.pool.give_back(block)
+
+    def deferred_shapes(self, lin: Linearized) -> list[tuple[int, int]]:
+        """The shapes of the deferred weight gradients' factor rows a backward needs (one per node, or per
+        child edge)."""
+        edges = int(lin.edge_ptr[-1]) if len(lin.edge_ptr) else 0
+        return [
+            (max(edges if term["rows"] == "child" else lin.num_nodes, 1), term["m"] + term["k"])
+            for term in self.spec.get("deferred", [])
+        ]
+
+    def _call_arena(
+        self,
+        lin: Linearized,
+        packed: DeviceParams,
+        arrays: Mapping[str, list[int]],
+        grads: Mapping[str, list[int]] | None,
+    ) -> tuple[ctypes.Structure, Layout, int, tuple[int, int]]:
+        """An arena holding the forest, the pointer tables of `arrays` (and `grads`), the `cx_call` (and
+        `cx_grad`) over them, uploaded in one copy: the host call struct, the layout, its base, its block."""
+        uploads = {f: getattr(lin, f) for f in ("level_order", "level_ptr", "edge_ptr", "edge_child", "roots")}
+        tables = {"params": list(arrays["params"]), "packed": packed.packed}
+        tables |= {name: list(arrays[name]) for name in CALL_TABLES}
+        grad_tables = ("d_params", "d_inputs", "d_states", "d_hoisted", "upstream", "deferred")
+        if grads is not None:
+            tables |= {f"grad/{name}": list(grads[name]) for name in grad_tables}
+        layout = Layout()
+        for key, array in uploads.items():
+            layout.place(key, array.nbytes)
+        for table, addresses in tables.items():
+            layout.place(f"table/{table}", 8 * max(len(addresses), 1))
+        layout.place("call", ctypes.sizeof(CxCall))
+        if grads is not None:
+            layout.place("grad", ctypes.sizeof(CxGrad))
+        block = self.pool.take(layout.size)
+        base = block[1]
+        try:
+            call = CxCall(
+                num_nodes=lin.num_nodes,
+                num_levels=lin.num_levels,
+                max_children=lin.max_children,
+                num_roots=len(lin.roots),
+                **{field: base + layout.offsets[field] for field in uploads},
+                **{t: base + layout.offsets[f"table/{t}"] for t in ("params", "packed", *CALL_TABLES)},
+            )
+            pieces = list(uploads.items())
+            pieces += [(f"table/{t}", np.array(addresses or [0], np.uint64)) for t, addresses in tables.items()]
+            pieces.append(("call", np.frombuffer(bytes(call), np.uint8)))
+            if grads is not None:
+                grad = CxGrad(*(base + layout.offsets[f"table/grad/{name}"] for name in grad_tables))
+                pieces.append(("grad", np.frombuffer(bytes(grad), np.uint8)))
+            staging = np.zeros(layout.size, np.uint8)
+            for key, array in pieces:
+                offset = layout.offsets[key]
+                staging[offset : offset + array.nbytes] = _bytes(array)
+            self.memory.upload(base, staging)
+        except BaseException:
+            self.pool.give_back(block)
+            raise
+        return call, layout, base, block
 
     def _download(self, layout: Layout, base: int, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
         """The arrays `shapes` names (consecutive in the arena; each may be a leading part of its place) in

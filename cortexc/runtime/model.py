@@ -28,7 +28,7 @@ from cortexc.errors import CortexcError, InputError, OutputError
 from cortexc.runtime.backends import BACKENDS, ExecutorRequest, backend
 from cortexc.runtime.executor import Executor
 from cortexc.runtime.forest import Forest
-from cortexc.runtime.params import check_params, init_params, write_params_file
+from cortexc.runtime.params import check_params, init_params, take_over, write_params_file
 from cortexc.runtime.signature import CellSignature
 from cortexc.runtime.validate import check_forest, check_inputs
 
@@ -122,7 +122,7 @@ class CellModel:
     def load_params(self, params: Mapping[str, np.ndarray] | str | os.PathLike) -> None:
         """Replace some or all params (a dict, an `.npz` or a `.safetensors` path); every shape is checked."""
         checked = check_params(self.signature, params, partial=True)
-        self._params = _frozen({**self._params, **checked})
+        self._params = {**self._params, **_frozen(checked)}  # one store: a running call keeps the old dict
         if self._executor is not None:
             self._executor.set_params(self._params)
 
@@ -246,8 +246,13 @@ def restore_model(package_dir: str, name: str, device: str, params: Mapping[str,
 
 
 def _frozen(params: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Read-only float32 copies the caller cannot change; an optimizer's handed-over result
+    (`params.hand_over`: fresh, read-only, held by nothing else) is kept without a copy."""
     frozen = {}
     for name, value in params.items():
+        if isinstance(value, np.ndarray) and take_over(value):
+            frozen[name] = value
+            continue
         array = np.array(value, dtype=np.float32, copy=True)
         array.flags.writeable = False
         frozen[name] = array

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numbers
 import os
+import threading
+import weakref
 import zipfile
 import zlib
 from collections.abc import Mapping
@@ -17,6 +19,41 @@ from cortexc.runtime.validate import as_array, signature
 
 if TYPE_CHECKING:
     from cortexc.ir.cell import Cell
+
+
+_HANDED_OVER: dict[int, weakref.ref] = {}  # id -> the array: arrays `load_params` may keep without a copy
+_HANDED_OVER_LOCK = threading.Lock()
+
+
+def hand_over(array: np.ndarray) -> np.ndarray:
+    """Mark a fresh array that nothing else holds or will write (an optimizer's result) as one that
+    `load_params` may keep as it is instead of freezing a copy; it is made read-only here. For a
+    float32 C-contiguous array that owns its memory (else `load_params` copies as usual)."""
+    array.flags.writeable = False
+    key = id(array)
+
+    def forget(_ref: weakref.ref, key: int = key) -> None:
+        with _HANDED_OVER_LOCK:
+            if _HANDED_OVER.get(key) is _ref:
+                del _HANDED_OVER[key]
+
+    with _HANDED_OVER_LOCK:
+        _HANDED_OVER[key] = weakref.ref(array, forget)
+    return array
+
+
+def take_over(array: np.ndarray) -> bool:
+    """Whether `array` was handed over (`hand_over`) and may be kept without a copy; it can be taken once."""
+    with _HANDED_OVER_LOCK:
+        ref = _HANDED_OVER.pop(id(array), None)
+    return (
+        ref is not None
+        and ref() is array
+        and array.dtype == np.float32
+        and array.flags.c_contiguous
+        and not array.flags.writeable
+        and array.base is None
+    )
 
 
 def init_param(decl: ParamSig, rng: np.random.Generator, dtype: type = np.float32) -> np.ndarray:

@@ -38,13 +38,26 @@ def _hoisted(cell: Cell, node: interp.NodeView) -> dict[str, np.ndarray]:
     return {name: values[result] for name, result in cell.pre.named_results}
 
 
+#: how many nodes the interpreter walks between two calls of a `progress` callback
+PROGRESS_EVERY = 256
+
+
 def run_linearized(
-    cell: Cell, lin: Linearized, params: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray], dtype: type
+    cell: Cell,
+    lin: Linearized,
+    params: Mapping[str, np.ndarray],
+    inputs: Mapping[str, np.ndarray],
+    dtype: type,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, np.ndarray]:
-    """States and outputs for validated inputs and params (arrays of `dtype`)."""
+    """States and outputs for validated inputs and params (arrays of `dtype`). `progress(k)`, when given,
+    is told every `PROGRESS_EVERY` nodes (and at the end) that k more nodes are done: the interpreter is
+    slow (minutes on SST train), and the CLI shows how far it is."""
     n = lin.num_nodes
     states: dict[str, np.ndarray] = {s.name: np.zeros((n, *s.shape), dtype) for s in cell.states}
     for position in range(n):
+        if progress is not None and position and position % PROGRESS_EVERY == 0:
+            progress(PROGRESS_EVERY)
         index = int(lin.level_order[position])
         children = _children(lin, position)
         body = cell.leaf if cell.leaf is not None and len(children) == 0 else cell.node
@@ -54,6 +67,8 @@ def run_linearized(
         values = interp.eval_body(body, node)
         for name, result in body.named_results:
             states[name][index] = values[result]
+    if progress is not None and n:
+        progress(n - (n - 1) // PROGRESS_EVERY * PROGRESS_EVERY)
     out: dict[str, np.ndarray] = dict(states)
     for output in cell.outputs:
         rows = lin.roots if output.at_root else np.arange(n, dtype=np.int64)
@@ -140,17 +155,22 @@ def backward_linearized(
 
 
 def run(
-    cell: Cell, forest: Forest, params: Mapping[str, np.ndarray], inputs: Mapping[str, object], dtype: type = np.float32
+    cell: Cell,
+    forest: Forest,
+    params: Mapping[str, np.ndarray],
+    inputs: Mapping[str, object],
+    dtype: type = np.float32,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, np.ndarray]:
     """Every state (`[N, ...]` in the forest's node order) and every output of the cell.
 
-    ``dtype`` is float32 like the compiled code, or float64 for gradient checks.
-    Raises `ForestError`/`InputError` before computing anything if the forest or
+    ``dtype`` is float32 like the compiled code, or float64 for gradient checks;
+    ``progress`` as in `run_linearized`. Raises `ForestError`/`InputError` before computing anything if the forest or
     the inputs do not fit the cell.
     """
     check_forest(cell, forest)
     checked = check_inputs(cell, forest, inputs, dtype)
-    return run_linearized(cell, linearize(forest), check_params(cell, params, dtype=dtype), checked, dtype)
+    return run_linearized(cell, linearize(forest), check_params(cell, params, dtype=dtype), checked, dtype, progress)
 
 
 def backward(
