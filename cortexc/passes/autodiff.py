@@ -83,6 +83,10 @@ class _Reverse:
     def rowsum(self, x: int) -> int:
         return self.op(Op.ROWSUM, x, shape=())
 
+    def same(self, y: int, *args: int) -> int:
+        value = self.v(y)
+        return self.op(value.op, *args, shape=value.shape, domain=value.domain, attrs=value.attrs)
+
     def add_result(self, target: GradTarget, g: int) -> None:
         if target in self.results:
             self.results[target] = self.op(Op.ADD, self.results[target], g)

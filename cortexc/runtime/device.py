@@ -30,6 +30,7 @@ import numpy as np
 
 from cortexc.errors import CortexcError
 from cortexc.runtime.abi import CxCall, CxGrad, CxLaunch, LaunchOptions, packed_weights
+from cortexc.runtime.philox import EVAL, Dropout
 from cortexc.runtime.build import load_library
 from cortexc.runtime.linearize import Linearized
 
@@ -266,7 +267,12 @@ class DeviceExecutor:
 
     # --- forward -----------------------------------------------------------------
     def forward(
-        self, lin: Linearized, inputs: Mapping[str, np.ndarray], keep: bool = False, host: bool = True
+        self,
+        lin: Linearized,
+        inputs: Mapping[str, np.ndarray],
+        keep: bool = False,
+        host: bool = True,
+        dropout: Dropout = EVAL,
     ) -> tuple[dict[str, Any], DeviceSaved | None]:
         abi, n = self.spec["abi"], lin.num_nodes
         uploads = {
@@ -308,6 +314,8 @@ class DeviceExecutor:
                 num_roots=len(lin.roots),
                 **{field: at(field) for field in uploads if "/" not in field},
                 **{table: at(f"table/{table}") for table in counts},
+                dropout_seed=dropout.seed,  # the backward reuses this call: it replays the masks
+                dropout_train=int(dropout.train),
             )
             self.memory.upload(base, _staging(layout, uploaded, uploads, addresses, ("call", call)))
             self.memory.zero(base + uploaded, layout.size - uploaded)

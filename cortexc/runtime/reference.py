@@ -21,6 +21,7 @@ from cortexc.ir.cell import Body, Cell, GradKind
 from cortexc.runtime.forest import Forest
 from cortexc.runtime.linearize import Linearized, linearize
 from cortexc.runtime.params import check_params
+from cortexc.runtime.philox import EVAL, Dropout
 from cortexc.runtime.validate import check_forest, check_inputs
 
 NO_CHILDREN = np.zeros(0, np.int64)
@@ -39,16 +40,21 @@ def _hoisted(cell: Cell, node: interp.NodeView) -> dict[str, np.ndarray]:
 
 
 def run_linearized(
-    cell: Cell, lin: Linearized, params: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray], dtype: type
+    cell: Cell,
+    lin: Linearized,
+    params: Mapping[str, np.ndarray],
+    inputs: Mapping[str, np.ndarray],
+    dtype: type,
+    dropout: Dropout = EVAL,
 ) -> dict[str, np.ndarray]:
-    """States and outputs for validated inputs and params (arrays of `dtype`)."""
+    """States and outputs for validated inputs and params (arrays of `dtype`), in `dropout`'s mode."""
     n = lin.num_nodes
     states: dict[str, np.ndarray] = {s.name: np.zeros((n, *s.shape), dtype) for s in cell.states}
     for position in range(n):
         index = int(lin.level_order[position])
         children = _children(lin, position)
         body = cell.leaf if cell.leaf is not None and len(children) == 0 else cell.node
-        node = interp.NodeView(index, children, states, inputs, params, dtype)
+        node = interp.NodeView(index, children, states, inputs, params, dtype, dropout)
         if body is cell.node:
             node.hoisted = _hoisted(cell, node)
         values = interp.eval_body(body, node)
@@ -57,16 +63,18 @@ def run_linearized(
     out: dict[str, np.ndarray] = dict(states)
     for output in cell.outputs:
         rows = lin.roots if output.at_root else np.arange(n, dtype=np.int64)
-        out[output.name] = _readout(output.body, rows, states, inputs, params, dtype)
+        out[output.name] = _readout(output.body, rows, states, inputs, params, dtype, dropout)
     return out
 
 
-def _readout(body: Body, rows: np.ndarray, states: Any, inputs: Any, params: Any, dtype: type) -> np.ndarray:
+def _readout(
+    body: Body, rows: np.ndarray, states: Any, inputs: Any, params: Any, dtype: type, dropout: Dropout
+) -> np.ndarray:
     """A read-out for the given nodes, one node at a time like the recursion."""
     shape = body.values[body.results[0][1]].shape
     result: np.ndarray = np.zeros((len(rows), *shape), dtype)
     for i, index in enumerate(rows):
-        node = interp.NodeView(int(index), NO_CHILDREN, states, inputs, params, dtype)
+        node = interp.NodeView(int(index), NO_CHILDREN, states, inputs, params, dtype, dropout)
         result[i] = interp.eval_body(body, node)[body.results[0][1]]
     return result
 
@@ -79,8 +87,10 @@ def backward_linearized(
     states: Mapping[str, np.ndarray],
     upstream: Mapping[str, np.ndarray],
     dtype: type,
+    dropout: Dropout = EVAL,
 ) -> dict[str, np.ndarray]:
-    """Gradients of every param and float input for validated inputs (see `backward`)."""
+    """Gradients of every param and float input for validated inputs (see `backward`), with the forward's
+    `dropout` mode (its masks are recomputed)."""
     grad_bodies, leaf_body = cell.grads, cell.leaf
     if grad_bodies is None or leaf_body is None:
         raise ValueError("backward needs a cell with gradient bodies (the specialize and autodiff passes)")
@@ -119,7 +129,7 @@ def backward_linearized(
             continue
         rows = lin.roots if output.at_root else np.arange(n, dtype=np.int64)
         for position, index in enumerate(rows):
-            node = interp.NodeView(int(index), NO_CHILDREN, states, inputs, params, dtype)
+            node = interp.NodeView(int(index), NO_CHILDREN, states, inputs, params, dtype, dropout)
             node.adjoints = {output.name: np.asarray(upstream[output.name][position], dtype)}
             accumulate(node, interp.eval_body(grad_body, node), grad_body)
 
@@ -128,7 +138,7 @@ def backward_linearized(
         children = _children(lin, position)
         leaf = len(children) == 0
         body, grad_body = (leaf_body, grad_bodies.leaf) if leaf else (cell.node, grad_bodies.node)
-        node = interp.NodeView(index, children, states, inputs, params, dtype)
+        node = interp.NodeView(index, children, states, inputs, params, dtype, dropout)
         if not leaf:
             node.hoisted = _hoisted(cell, node)
         node.adjoints = {name: d_states[name][index] for name, _ in body.named_results}
@@ -140,7 +150,12 @@ def backward_linearized(
 
 
 def run(
-    cell: Cell, forest: Forest, params: Mapping[str, np.ndarray], inputs: Mapping[str, object], dtype: type = np.float32
+    cell: Cell,
+    forest: Forest,
+    params: Mapping[str, np.ndarray],
+    inputs: Mapping[str, object],
+    dtype: type = np.float32,
+    dropout: Dropout = EVAL,
 ) -> dict[str, np.ndarray]:
     """Every state (`[N, ...]` in the forest's node order) and every output of the cell.
 
@@ -150,7 +165,7 @@ def run(
     """
     check_forest(cell, forest)
     checked = check_inputs(cell, forest, inputs, dtype)
-    return run_linearized(cell, linearize(forest), check_params(cell, params, dtype=dtype), checked, dtype)
+    return run_linearized(cell, linearize(forest), check_params(cell, params, dtype=dtype), checked, dtype, dropout)
 
 
 def backward(
@@ -161,6 +176,7 @@ def backward(
     states: Mapping[str, np.ndarray],
     upstream: Mapping[str, np.ndarray],
     dtype: type = np.float32,
+    dropout: Dropout = EVAL,
 ) -> dict[str, np.ndarray]:
     """Gradients of every param and float input, one node at a time, parents before children.
 
@@ -173,7 +189,8 @@ def backward(
     check_forest(cell, forest)
     checked = check_inputs(cell, forest, inputs, dtype)
     lin = linearize(forest)
-    return backward_linearized(cell, lin, check_params(cell, params, dtype=dtype), checked, states, upstream, dtype)
+    params = check_params(cell, params, dtype=dtype)
+    return backward_linearized(cell, lin, params, checked, states, upstream, dtype, dropout)
 
 
 @dataclass
@@ -181,6 +198,7 @@ class _Saved:
     lin: Linearized
     inputs: Mapping[str, np.ndarray]
     states: dict[str, np.ndarray]
+    dropout: Dropout
 
 
 class InterpExecutor:
@@ -195,18 +213,25 @@ class InterpExecutor:
         self._params = params
 
     def forward(
-        self, lin: Linearized, inputs: Mapping[str, np.ndarray], keep: bool = False, host: bool = True
+        self,
+        lin: Linearized,
+        inputs: Mapping[str, np.ndarray],
+        keep: bool = False,
+        host: bool = True,
+        dropout: Dropout = EVAL,
     ) -> tuple[dict[str, Any], Any]:
         cell = self._cell_of()
-        out = run_linearized(cell, lin, self._params, inputs, np.float32)
+        out = run_linearized(cell, lin, self._params, inputs, np.float32, dropout)
         saved = None
         if keep:  # copies: the caller may edit the inputs it passed or the states it got back
             kept_inputs = {name: array.copy() for name, array in inputs.items()}
-            saved = _Saved(lin, kept_inputs, {s.name: out[s.name].copy() for s in cell.states})
+            saved = _Saved(lin, kept_inputs, {s.name: out[s.name].copy() for s in cell.states}, dropout)
         return out, saved
 
     def backward(
         self, saved: Any, upstream: Mapping[str, np.ndarray], param_shapes: Mapping[str, tuple[int, ...]]
     ) -> dict[str, np.ndarray]:
         cell = self._cell_of()
-        return backward_linearized(cell, saved.lin, self._params, saved.inputs, saved.states, upstream, np.float32)
+        return backward_linearized(
+            cell, saved.lin, self._params, saved.inputs, saved.states, upstream, np.float32, saved.dropout
+        )
