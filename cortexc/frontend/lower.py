@@ -10,8 +10,8 @@ no result needs are dropped at the end of each body.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -390,7 +390,9 @@ def _dropout(scope: _Scope, expr: ast.Call) -> int | None:
     if arg is None or p is None:
         return None
     if not 0.0 <= p < 1.0:
-        sink.report(f"the dropout probability p must be in [0, 1), but {_text(expr.args[1])} is {p:g}", expr_loc(expr.args[1]))
+        sink.report(
+            f"the dropout probability p must be in [0, 1), but {_text(expr.args[1])} is {p:g}", expr_loc(expr.args[1])
+        )
         return None
     v = _value(scope, arg)
     site = scope.sites[(expr.loc.line, expr.loc.col)]

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from cortexc.runtime import philox
-from cortexc.runtime.philox import EVAL, Dropout
+from cortexc.runtime.philox import Dropout
 
 Shape = tuple[int, ...]
 

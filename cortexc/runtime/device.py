@@ -30,9 +30,9 @@ import numpy as np
 
 from cortexc.errors import CortexcError
 from cortexc.runtime.abi import CxCall, CxGrad, CxLaunch, LaunchOptions, packed_weights
-from cortexc.runtime.philox import EVAL, Dropout
 from cortexc.runtime.build import load_library
 from cortexc.runtime.linearize import Linearized
+from cortexc.runtime.philox import EVAL, Dropout
 
 ALIGN = 256  # bytes: every array of an arena starts on a boundary this wide
 MIN_BLOCK = 1 << 20  # the smallest block the pool allocates, so small forests share one
