@@ -215,6 +215,7 @@ EXAMPLE_CASES = {
     "mvrnn.cell": ({"X": 4, "H": 3}, "binary"),
     "dagrnn.cell": ({"X": 4, "H": 3}, "dag"),
     "lstm.cell": ({"X": 4, "H": 3}, "chain"),
+    "treelstm_dropout.cell": ({"V": 6, "X": 4, "H": 3, "C": 5}, "binary"),  # evaluation mode
 }
 
 

@@ -473,3 +473,54 @@ def test_misused_dropout_is_a_located_error(expr, message, column, tmp_path):
         cortexc.compile_file(path)
     assert (info.value.loc.line, info.value.loc.col) == (6, column)
     assert str(info.value).startswith(f"{path}:6:{column}:") and "^" in str(info.value)
+
+
+# --------------------------------------------------------------- hoisting, per-child GEMM operands, CUDA launches
+#: dropout on a hoisted product (computed in the `pre` body, over every internal node), on per-child GEMM
+#: operands and per-child products, on a DAG (a shared child has a slot per parent); every CUDA launch mode
+CHILD_SUM = """
+cell {name} on {structure} {{
+    dim X = 6, H = 5
+    input x[X]
+    param W_iou[3*H, X], U_iou[3*H, H], b_iou[3*H], W_f[H, X], U_f[H, H], b_f[H]
+    state h[H], c[H]
+    node {{
+        xi  = dropout(W_iou @ x, 0.1)
+        iou = xi + U_iou @ sum(dropout(child.h, 0.3)) + b_iou
+        f   = sigmoid(W_f @ x + U_f @ dropout(child.h, 0.2) + b_f)
+        c   = sigmoid(iou[0:H]) * tanh(iou[2*H:3*H]) + sum(dropout(f * child.c, 0.4))
+        h   = dropout(sigmoid(iou[H:2*H]) * tanh(c), 0.15)
+    }}
+}}
+"""
+
+
+@pytest.mark.parametrize("structure", ["tree", "dag"])
+def test_hoisted_and_per_child_dropout_on_cpu_and_every_cuda_launch(structure, rng, tmp_path, monkeypatch):
+    path = tmp_path / "cs.cell"
+    path.write_text(CHILD_SUM.format(name="DropSum", structure=structure))
+    module = cortexc.load(path, out_dir=tmp_path / "pkg")
+    cls = module.DropSum
+    assert any(v.op == Op.DROPOUT for v in cls.cell.pre.values), "the hoisted product keeps its dropout"
+    if structure == "dag":
+        forest = Forest.random_dag(40, rng, max_children=3, max_parents=3)
+    else:
+        forest = Forest.concat([Forest.random(5, rng, max_children=4, max_nodes=30), Forest.from_nested([[1, 2, 3]])])
+    x = rng.standard_normal((forest.num_nodes, 6)).astype(np.float32)
+    seed = int(rng.integers(0, 2**64, dtype=np.uint64))
+    up = {"h": rng.standard_normal((forest.num_nodes, 5)).astype(np.float32)}
+    reference_model = _jittered(cls, "interp", 3, rng)
+    out_ref = reference_model(forest, grad=True, train=True, dropout_seed=seed, x=x)
+    grads_ref = reference_model.backward(out_ref, up)
+    runs = [("cpu", None)] + [("cuda-emu", mode) for mode in ("split", "persistent", "levels")]
+    for device, mode in runs:
+        if mode is not None:
+            monkeypatch.setenv("CORTEXC_CUDA_MODE", mode)
+        model = cls(device=device)
+        model.load_params(reference_model.params)
+        out = model(forest, grad=True, train=True, dropout_seed=seed, x=x)
+        for name in ("h", "c"):
+            assert relative_error(out[name], out_ref[name]) < 1e-5, (device, mode, name)
+        grads = model.backward(out, up)
+        for name, expected in grads_ref.items():
+            assert relative_error(grads[name], expected) < 1e-4, (device, mode, name)
