@@ -50,6 +50,7 @@ NVCC = {
     "test_invented_cells.py::test_every_invented_cell_compiles_with_nvcc_without_spills",
     "test_cuda_gpu.py",  # device="cuda" builds with nvcc (skipped without a GPU)
     "test_ops.py::test_every_op_compiles_with_nvcc_without_spills",
+    "test_dropout.py::test_dropout_cells_compile_with_nvcc_without_spills",
 }
 SLOW = {
     "test_determinism.py",  # fresh processes per thread count, forests of thousands of nodes

@@ -524,3 +524,22 @@ def test_hoisted_and_per_child_dropout_on_cpu_and_every_cuda_launch(structure, r
         grads = model.backward(out, up)
         for name, expected in grads_ref.items():
             assert relative_error(grads[name], expected) < 1e-4, (device, mode, name)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_dropout_cells_compile_with_nvcc_without_spills(tmp_path):
+    """The example at its own dims and the per-child/hoisted cell, sm_80 and sm_90 (tests/helpers.py)."""
+    from tests.helpers import nvcc_compile
+
+    (tmp_path / "cs.cell").write_text(CHILD_SUM.format(name="DropSum", structure="tree"))
+    sources = []
+    for path in (EXAMPLES / "treelstm_dropout.cell", tmp_path / "cs.cell"):
+        module = cortexc.load(path, out_dir=tmp_path / path.stem)
+        sources += sorted(p for p in __import__("pathlib").Path(next(iter(module.__path__))).glob("*.cu"))
+    assert len(sources) == 2
+    for source in sources:
+        result = nvcc_compile(source)
+        assert result.returncode == 0, f"{source.name}:\n{result.stderr[-3000:]}"
+        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", result.stderr)
+        assert spills and all(s == "0" and lo == "0" for s, lo in spills), f"{source.name} spills registers"
+        assert "cx_dropout" in source.read_text()
