@@ -342,11 +342,14 @@ def test_p_zero_is_the_identity_in_train_mode(rng, tmp_path):
         train = model(forest, grad=True, train=True, dropout_seed=99, word=word)
         plain = model(forest, grad=True, word=word)
         up = {"logits": np.ones_like(train["logits"])}
+        # bitwise in the interpreter; the compiled code runs another copy of each loop in training mode
+        # (versioned on the flag), which -ffast-math may contract differently: float32 rounding apart
+        same = np.array_equal if device == "interp" else lambda a, b: relative_error(a, b) < 1e-6
         for name in plain:
-            assert np.array_equal(train[name], plain[name]), (device, name)
+            assert same(train[name], plain[name]), (device, name)
         g_train, g_plain = model.backward(train, up), model.backward(plain, up)
         for name in g_plain:
-            assert np.array_equal(g_train[name], g_plain[name]), (device, name)
+            assert same(g_train[name], g_plain[name]), (device, name)
 
 
 def test_same_seed_same_result_different_seed_different_masks(treelstm, rng):
@@ -543,3 +546,23 @@ def test_dropout_cells_compile_with_nvcc_without_spills(tmp_path):
         spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", result.stderr)
         assert spills and all(s == "0" and lo == "0" for s, lo in spills), f"{source.name} spills registers"
         assert "cx_dropout" in source.read_text()
+
+
+def test_evaluation_mode_runs_loops_without_mask_work(treelstm):
+    """Every loop with dropout has an evaluation-mode copy (taken when cx_call's flag is 0) without any."""
+    source = next(p for p in __import__("pathlib").Path(next(iter(treelstm.__path__))).glob("*.c")).read_text()
+    branch, versioned, outside = None, 0, []
+    for line in source.splitlines():
+        if "if (call->dropout_train) {" in line:
+            branch, versioned = "train", versioned + 1
+        elif "} else {  /* evaluation mode" in line:
+            branch = "eval"
+        elif branch == "eval" and line.strip() in ("}", "} }"):
+            branch = None
+        elif "cx_dropout(" in line:
+            assert branch != "eval", line
+            if branch is None:
+                outside.append(line)
+    assert versioned >= 8
+    # outside a versioned loop: the helper itself, and the staged adds (applied in row order after a launch)
+    assert all(line.startswith("static inline") or "stage->" in line for line in outside), outside

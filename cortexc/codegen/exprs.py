@@ -63,7 +63,8 @@ def gradient_symbol(kind: str, name: str) -> str:
 class KernelExprs:
     """Renders reads and computations of the values of one kernel's body."""
 
-    def __init__(self, cell: Cell, kernel: Kernel):
+    def __init__(self, cell: Cell, kernel: Kernel, train: bool = True):
+        self.train = train  # False: the evaluation-mode text, where dropout(e, p) is e (no mask work at all)
         self.cell = cell
         self.kernel = kernel
         self.values = kernel.body.values
@@ -125,6 +126,8 @@ class KernelExprs:
             return f"(({col}) >= {lo} && ({col}) < {lo + size} ? {inner} : 0.0f)"
         operands = [self.ref(arg, rows, row, col) for arg in value.args]
         definition = OPS[op]
+        if definition.c_identity is not None and not self.train:
+            return operands[0]
         if definition.c_identity is not None:  # the element's identity: its index, node id and child slot
             node_row = f"er[{row}]" if rows == RowKind.CHILD else row
             slot = f"1 + ({row}) - eb[er[{row}]]" if rows == RowKind.CHILD else "0"
