@@ -564,5 +564,6 @@ def test_evaluation_mode_runs_loops_without_mask_work(treelstm):
             if branch is None:
                 outside.append(line)
     assert versioned >= 8
-    # outside a versioned loop: the helper itself, and the staged adds (applied in row order after a launch)
-    assert all(line.startswith("static inline") or "stage->" in line for line in outside), outside
+    # a dropout value is always computed in a loop of its own (the schedule materialises it): outside the
+    # versioned loops there is only the helper itself
+    assert all(line.startswith("static inline") for line in outside), outside
