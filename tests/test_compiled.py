@@ -223,6 +223,7 @@ EXAMPLE_DIMS = {
     "dagrnn": {},
     "lstm": {},
     "mvrnn": {},
+    "treelstm_dropout": dict(V=64, X=16, H=12),  # evaluation mode here (training: tests/test_dropout.py)
 }
 
 
