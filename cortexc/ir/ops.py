@@ -141,8 +141,8 @@ class Derivatives(Protocol):
 
     def rowsum(self, x: int) -> int: ...
 
-    def same(self, y: int, *args: int) -> int:
-        """`y`'s op and attrs on other operands, in `y`'s domain (dropout's mask on the gradient)."""
+    def mask(self, y: int) -> int:
+        """The mask a dropout value `y` was made with (per element: its scale where kept, else 0)."""
         ...
 
 
@@ -336,8 +336,8 @@ def _d_log_softmax(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Itera
 
 
 def _d_dropout(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Iterator[int | None]:
-    """The forward's mask and scale on the gradient: dropout of g at the same site and elements."""
-    yield d.same(y, g)
+    """The forward's mask and scale on the gradient (the same site and elements: dropout of g)."""
+    yield d.op(Op.MUL, g, d.mask(y))
 
 
 def _dropout(x: np.ndarray, attrs: Mapping[str, Any], where: Identity) -> np.ndarray:
