@@ -39,6 +39,11 @@ Two parts:
    trained identically for ``--epochs`` epochs over train (or its first
    ``--limit`` trees), taking turns epoch by epoch; the fine-grained root
    accuracy on dev after each epoch, and the time taken.
+3. ``--dropout`` (instead of 1 and 2): the cost of dropout, ``examples/treelstm_dropout.cell`` (the same
+   Tree-LSTM with four dropout sites, masks computed inline from Philox) forward with ``grad=True`` +
+   backward per batch, in training mode (``train=True``, a seed per batch) against evaluation mode, and
+   against the cell without dropout (``examples/binary_treelstm.cell``) — the three take turns batch by
+   batch in every round; the median round's ms per batch and the ratios (goal: training <= 1.10 x eval).
 
 OMP_NUM_THREADS is set to ``--threads`` before numpy, torch or cortexc are
 imported (cortexc's OpenMP kernels read it), and ``torch.set_num_threads`` too.
@@ -47,6 +52,7 @@ Usage (from the repository root)::
 
     python benchmarks/bench_train.py --quick
     python benchmarks/bench_train.py --epochs 3 --json bench_train.json
+    python benchmarks/bench_train.py --dropout --timed-batches 20 --rounds 5
 """
 
 from __future__ import annotations
@@ -82,6 +88,7 @@ from cortexc.runtime.vocab import Vocab  # noqa: E402
 from cortexc.train import Adagrad, softmax_cross_entropy  # noqa: E402
 
 CELL = REPO / "examples" / "binary_treelstm.cell"
+DROPOUT_CELL = REPO / "examples" / "treelstm_dropout.cell"
 SST_DIR = Path(os.environ.get("CORTEXC_SST_DIR", REPO.parent / "shared" / "data" / "sst"))
 IMPLS = ("cortexc", "cortexc_f32adagrad", "cortexc_torch", "torch_per_node", "torch_level_batched")
 CORTEXC_IMPLS = ("cortexc", "cortexc_f32adagrad")
@@ -354,6 +361,58 @@ def summarize_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def dropout_cost(args: argparse.Namespace, vocab: Vocab, batches: list[Batch], progress) -> dict[str, Any]:
+    """Part 3: ms per batch of forward (grad=True) + backward with dropout in training mode, in evaluation
+    mode, and of the same cell without dropout; the three take turns batch by batch (same load for all)."""
+    dims = {"V": len(vocab), "X": args.embed, "H": args.hidden, "C": NUM_CLASSES}
+    dropout_cls = cortexc.load(str(DROPOUT_CELL), **dims).DropoutTreeLSTM
+    plain_cls = cortexc.load(str(CELL), **dims).BinaryTreeLSTM
+    models = {"train": dropout_cls(device="cpu", seed=args.seed), "plain": plain_cls(device="cpu", seed=args.seed)}
+    models["eval"] = models["train"]
+    models["plain"].load_params(models["train"].params)
+
+    def step(name: str, batch: Batch, seed: int) -> float:
+        model = models[name]
+        t0 = time.perf_counter()
+        out = model(batch.forest, grad=True, train=name == "train", dropout_seed=seed, word=batch.ids)
+        _, d_logits = softmax_cross_entropy(out["logits"], batch.labels)
+        model.backward(out, {"logits": d_logits})
+        return time.perf_counter() - t0
+
+    for name in models:  # warm-up: builds, first-touch of the scratch
+        step(name, batches[0], 0)
+    rounds: dict[str, list[float]] = {name: [] for name in models}
+    for r in range(args.rounds):
+        total = dict.fromkeys(models, 0.0)
+        for k, batch in enumerate(batches):
+            for name in models:
+                total[name] += step(name, batch, r * len(batches) + k)
+        for name in models:
+            rounds[name].append(1e3 * total[name] / len(batches))
+        progress(f"  dropout round {r + 1}/{args.rounds}: " + ", ".join(f"{n} {rounds[n][-1]:.1f} ms" for n in models))
+    median = {name: float(np.median(values)) for name, values in rounds.items()}
+    best = {name: float(np.min(values)) for name, values in rounds.items()}
+
+    def paired(mine: str, other: str) -> float:
+        """The median over rounds of the round's ratio (the two measured under the same load)."""
+        return float(np.median(np.asarray(rounds[mine]) / np.asarray(rounds[other])))
+
+    return {
+        "batches": len(batches),
+        "nodes_per_batch": float(np.mean([b.forest.num_nodes for b in batches])),
+        "ms_per_batch_median": median,
+        "ms_per_batch_best": best,
+        "rounds_ms_per_batch": rounds,
+        "train/eval_paired": paired("train", "eval"),
+        "eval/plain_paired": paired("eval", "plain"),
+        "train/plain_paired": paired("train", "plain"),
+        "train/eval_median": median["train"] / median["eval"],
+        "train/eval_best": best["train"] / best["eval"],
+        "eval/plain_median": median["eval"] / median["plain"],
+        "train/plain_median": median["train"] / median["plain"],
+    }
+
+
 def evaluate(trainer, dev: list[Batch]) -> float:
     """Fine-grained root accuracy on the dev batches."""
     hits = total = 0
@@ -505,6 +564,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--data-dir", type=Path, default=SST_DIR)
     parser.add_argument("--cell", type=Path, default=CELL)
+    parser.add_argument(
+        "--dropout", action="store_true", help="only part 3: the cost of dropout in training mode over evaluation mode"
+    )
     parser.add_argument("--json", type=Path, default=Path("bench_train.json"), help="write the results here")
     parser.add_argument(
         "--quick",
@@ -558,6 +620,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     init = {name: np.array(value) for name, value in module.BinaryTreeLSTM(device="cpu", seed=args.seed).params.items()}
     rng = np.random.default_rng(args.seed)
     orders = [rng.permutation(len(train)) for _ in range(max(args.epochs, 1))]
+
+    if args.dropout:  # part 3 only
+        batches = epoch_batches(train, vocab, args.batch, orders[0], args.timed_batches)
+        cost = dropout_cost(args, vocab, batches, progress)
+        setup = {"V": len(vocab), "X": args.embed, "H": args.hidden, "batch": args.batch, "threads": args.threads}
+        report = {"setup": setup, "dropout": cost, "loadavg": os.getloadavg()}
+        print(json.dumps(report, indent=1))
+        args.json.write_text(json.dumps(report, indent=1))
+        return 0
 
     # Part 1: gradient check and throughput, on the first batches of epoch 1.
     timed = epoch_batches(train, vocab, args.batch, orders[0], max(args.timed_batches, args.per_node_batches))

@@ -44,6 +44,7 @@ from cortexc.runtime.device import DeviceExecutor, DeviceParams
 from cortexc.runtime.forest import Forest
 from cortexc.runtime.linearize import Linearized, linearize
 from cortexc.runtime.model import CellModel, cell_class
+from cortexc.runtime.philox import EVAL, SEED_LIMIT, Dropout
 from cortexc.runtime.signature import CellSignature, EmbeddingSig
 from cortexc.runtime.validate import check_forest
 
@@ -147,6 +148,7 @@ class _Runner:
             {self.params.index(p) for weight in self.spec["packed"] for p in weight["params"]}
         )
         self._packed_key: tuple[tuple[int, int], ...] | None = None
+        self.dropout_sites = int(self.spec.get("dropout_sites", 0))  # 0: training mode changes nothing
         self.repacks = 0  # how often the weights were packed (tests: only when a param changed)
 
     def prepare(self, params: Sequence[Tensor]) -> None:
@@ -184,6 +186,11 @@ def _runner(handle: int) -> _Runner:
     return runner
 
 
+def _dropout(train: bool, seed: Tensor) -> Dropout:
+    """The ops' dropout args as the executor's mode: the seed travels as an int64 tensor (its two's complement)."""
+    return Dropout(True, int(seed.item()) % SEED_LIMIT) if train else EVAL
+
+
 def _view(tensor: Tensor) -> np.ndarray:
     """A float32 C-contiguous NumPy view of a CPU tensor (a copy only if it is not one already)."""
     return np.ascontiguousarray(tensor.detach().numpy(), dtype=np.float32)
@@ -201,8 +208,11 @@ def cell_forward(
     edge_child: Tensor,
     roots: Tensor,
     internal: Tensor,
+    train: bool,
+    dropout_seed: Tensor,
 ) -> list[Tensor]:
-    """Every state ([N + 1] rows, the last zero), every hoisted row set, then every output (ABI order)."""
+    """Every state ([N + 1] rows, the last zero), every hoisted row set, then every output (ABI order);
+    with ``train``, the dropout masks of the int64 ``dropout_seed`` (mod 2^64)."""
     runner = _runner(handle)
     runner.prepare(params)
     results = _forward_shapes(runner, params, level_order, roots, internal, fake=False)
@@ -220,7 +230,7 @@ def cell_forward(
             "outputs": _addresses(outputs),
         }
         assert runner.packed is not None  # prepare uploaded them
-        runner.executor.run_forward_at(lin, runner.packed, arrays)
+        runner.executor.run_forward_at(lin, runner.packed, arrays, _dropout(train, dropout_seed))
         return results
     runner.executor.run_forward(
         lin,
@@ -229,6 +239,7 @@ def cell_forward(
         [s.numpy() for s in states],
         [h.numpy() for h in hoisted],
         [o.numpy() for o in outputs],
+        dropout=_dropout(train, dropout_seed),
     )
     return results
 
@@ -264,7 +275,9 @@ def _split(runner: _Runner, results: Sequence[Tensor]) -> tuple[list[Tensor], li
 
 
 @cell_forward.register_fake
-def _cell_forward_fake(handle, params, inputs, level_order, level_ptr, edge_ptr, edge_child, roots, internal):
+def _cell_forward_fake(
+    handle, params, inputs, level_order, level_ptr, edge_ptr, edge_child, roots, internal, train, dropout_seed
+):
     return _forward_shapes(_runner(handle), params, level_order, roots, internal, fake=True)
 
 
@@ -283,6 +296,8 @@ def cell_backward(
     hoisted: list[Tensor],
     d_states: list[Tensor | None],
     d_outputs: list[Tensor | None],
+    train: bool,
+    dropout_seed: Tensor,
 ) -> list[Tensor]:
     """The gradient of every param, then of every float input (ABI order), from upstream gradients of
     the states ([N + 1] rows) and outputs; None: no upstream (an output's phases then do nothing)."""
@@ -308,6 +323,7 @@ def cell_backward(
             d_outputs,
             d_params,
             d_inputs,
+            _dropout(train, dropout_seed),
         )
     d_state_arrays = []
     for state, upstream in zip(states, d_states):
@@ -328,6 +344,7 @@ def cell_backward(
         [_view(s) for s in states],
         [_view(h) for h in hoisted],
         grads,
+        dropout=_dropout(train, dropout_seed),  # the forward's masks, recomputed
     )
     return d_params + [d for d in d_inputs if d is not None]
 
@@ -347,8 +364,10 @@ def _device_backward(
     d_outputs: list[Tensor | None],
     d_params: list[Tensor],
     d_inputs: list[Tensor | None],
+    dropout: Dropout,
 ) -> list[Tensor]:
-    """`cell_backward` on a device runner: every gradient array allocated by torch where the params are."""
+    """`cell_backward` on a device runner: every gradient array allocated by torch where the params are
+    (`dropout`: the forward's mode, whose masks the kernels recompute)."""
     assert isinstance(runner.executor, DeviceExecutor) and runner.packed is not None
     runner.check_stream(d_params[0] if d_params else level_order)
     lin = _linearized(level_order, level_ptr, edge_ptr, edge_child, roots)
@@ -383,7 +402,7 @@ def _device_backward(
         "upstream": _addresses(upstream),
         "deferred": _addresses(deferred),
     }
-    runner.executor.run_backward_at(lin, runner.packed, arrays, grads)
+    runner.executor.run_backward_at(lin, runner.packed, arrays, grads, dropout)
     return d_params + [d for d in d_inputs if d is not None]
 
 
@@ -395,13 +414,15 @@ def _cell_backward_fake(handle, params, inputs, level_order, *rest):
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    handle, params, cell_inputs, *forest = inputs
+    handle, params, cell_inputs, *rest = inputs
+    forest, (train, dropout_seed) = rest[:6], rest[6:]
     runner = _runner(handle)
+    ctx.train = train
     ctx.set_materialize_grads(False)  # a result the loss does not use has no upstream (and costs nothing)
     ctx.handle = handle
     ctx.counts = (len(params), len(cell_inputs), len(runner.states), len(runner.spec["hoisted_widths"]))
     saved = output[: ctx.counts[2] + ctx.counts[3]]
-    ctx.save_for_backward(*params, *cell_inputs, *forest, *saved)
+    ctx.save_for_backward(*params, *cell_inputs, *forest, dropout_seed, *saved)
 
 
 def _backward(ctx: Any, grads: Sequence[Tensor | None]) -> tuple[Any, ...]:
@@ -409,18 +430,20 @@ def _backward(ctx: Any, grads: Sequence[Tensor | None]) -> tuple[Any, ...]:
     saved = list(ctx.saved_tensors)
     params, saved = saved[:num_params], saved[num_params:]
     cell_inputs, saved = saved[:num_inputs], saved[num_inputs:]
-    forest, saved = saved[:6], saved[6:]
+    forest, dropout_seed, saved = saved[:6], saved[6], saved[7:]
     states, hoisted = saved[:num_states], saved[num_states:]
     runner = _runner(ctx.handle)
     grads = list(grads)
     d_states, d_outputs = grads[:num_states], grads[num_states + num_hoisted :]
     if all(g is None for g in grads):
-        return (None, [None] * num_params, [None] * num_inputs) + (None,) * 6
-    result = cell_backward(ctx.handle, params, cell_inputs, *forest, states, hoisted, d_states, d_outputs)
+        return (None, [None] * num_params, [None] * num_inputs) + (None,) * 8
+    result = cell_backward(
+        ctx.handle, params, cell_inputs, *forest, states, hoisted, d_states, d_outputs, ctx.train, dropout_seed
+    )
     d_inputs: list[Tensor | None] = [None] * num_inputs
     for position, d in zip(runner.float_inputs, result[num_params:]):
         d_inputs[position] = d
-    return (None, list(result[:num_params]), d_inputs) + (None,) * 6
+    return (None, list(result[:num_params]), d_inputs) + (None,) * 8
 
 
 torch.library.register_autograd("cortexc::cell_forward", _backward, setup_context=_setup_context)
@@ -436,6 +459,9 @@ class CellModule(nn.Module):
     input and returns every state (`[N, ...]`, node order) and output by name, in autograd's graph.
     With ``sparse=True`` the gradient of a param used only as an embedding table is a sparse COO
     tensor of the looked-up rows (as `nn.Embedding(sparse=True)`); eager mode only.
+    `train()` / `eval()` switch the cell's `dropout` calls on and off (a module starts in training mode):
+    in training mode each call draws its dropout seed from torch's default generator (so
+    `torch.manual_seed` reproduces a run) and the backward replays the same masks.
     """
 
     def __init__(self, cls: type[CellModel], seed: int | None = 0, sparse: bool = False):
@@ -528,7 +554,13 @@ class CellModule(nn.Module):
                 params[position], converted[embedding.index] = _compact_lookup(
                     params[position], converted[embedding.index], embedding, batch
                 )
-        results = cell_forward(handle, params, [converted[name] for name in runner.inputs], *batch.tensors())
+        train = self.training and runner.dropout_sites > 0
+        if train:  # torch's default generator: torch.manual_seed(k) makes a run reproducible
+            dropout_seed = torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)
+        else:
+            dropout_seed = torch.zeros((), dtype=torch.int64)
+        cell_inputs = [converted[name] for name in runner.inputs]
+        results = cell_forward(handle, params, cell_inputs, *batch.tensors(), train, dropout_seed)
         n = batch.level_order.shape[0]
         out = {name: state[:n] for name, state in zip(runner.states, results)}
         outputs = results[len(runner.states) + len(runner.spec["hoisted_widths"]) :]

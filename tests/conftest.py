@@ -50,6 +50,7 @@ NVCC = {
     "test_invented_cells.py::test_every_invented_cell_compiles_with_nvcc_without_spills",
     "test_cuda_gpu.py",  # device="cuda" builds with nvcc (skipped without a GPU)
     "test_ops.py::test_every_op_compiles_with_nvcc_without_spills",
+    "test_dropout.py::test_dropout_cells_compile_with_nvcc_without_spills",
 }
 SLOW = {
     "test_attention.py::test_attentive_treelstm_on_sst_trees_at_its_own_dims",  # X=300, H=150 on 40 SST trees
@@ -98,6 +99,12 @@ SLOW = {
     "test_torch.py::test_float_input_gradients_against_per_node_torch",  # builds a second package
     "test_long_cells.py::test_a_chain_deeper_than_the_inline_depth_matches_the_interpreter",
     "test_fuzz_frontend.py::test_many_mutated_cells_compile_or_fail_with_a_located_error",
+    "test_export.py::test_an_exported_cell_with_dropout_runs_in_evaluation_mode",
+    "test_dropout.py::test_eval_mode_equals_the_cell_without_dropout",  # a second package (and cuda-emu)
+    "test_dropout.py::test_hoisted_and_per_child_dropout_on_cpu_and_every_cuda_launch",  # 3 emulated launches
+    "test_dropout.py::test_p_zero_is_the_identity_in_train_mode",  # a second package
+    "test_dropout.py::test_masks_are_the_contract_s_bitwise_on_every_device[cuda-emu]",
+    "test_torch.py::test_opcheck_and_compile_with_dropout_in_training_mode",
 }
 
 

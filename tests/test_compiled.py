@@ -224,6 +224,7 @@ EXAMPLE_DIMS = {
     "lstm": {},
     "mvrnn": {},
     "attn_treelstm": dict(X=16, H=12),
+    "treelstm_dropout": dict(V=64, X=16, H=12),  # evaluation mode here (training: tests/test_dropout.py)
 }
 
 

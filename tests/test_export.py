@@ -35,6 +35,7 @@ EXAMPLE_DIMS = {
     "treelstm": {},
     "mvrnn": {},
     "attn_treelstm": {"X": 16, "H": 8},
+    "treelstm_dropout": {"V": 50, "X": 8, "H": 6, "C": 3},
 }
 
 
@@ -186,6 +187,18 @@ def test_run_matches_python_on_random_trees(exported, rng):
     if "x" not in {i.name for i in exp.cls.signature.inputs}:
         pytest.fail("treernn's input is expected to be x")
     _compare(exp, saturated, inputs, interp_rtol=1e-4)  # fast-math tanh near +-1 (as device="cpu" has it)
+
+
+def test_an_exported_cell_with_dropout_runs_in_evaluation_mode(exported, rng):
+    """The exported library serves: its dropout calls are the identity (cx_call's train flag is 0)."""
+    exp = exported("treelstm_dropout")
+    lines = sst_path("dev").read_text(encoding="utf-8").splitlines()[:20]
+    for forest in (Forest.from_ptb(lines), Forest.random(6, rng=rng, binary=True, max_nodes=21)):
+        inputs = random_inputs(exp.cls.signature, forest, rng)
+        _compare(exp, forest, inputs)
+        result, got = exp.run({**_forest_tensors(forest, False), **inputs})
+        trained = exp.model("cpu")(forest, train=True, dropout_seed=5, **inputs)
+        assert relative_error(got["logits"], trained["logits"]) > 1e-3  # training mode would differ
 
 
 def test_run_matches_python_on_chains(exported, rng):

@@ -23,7 +23,7 @@ import pytest
 import cortexc
 from cortexc import Forest
 from cortexc.frontend import lower_source
-from cortexc.ir.ops import OPS, STRUCTURAL_OPS, Op, OpKind
+from cortexc.ir.ops import OPS, STRUCTURAL_OPS, Domain, Op, OpKind
 from cortexc.passes.autodiff import autodiff
 from cortexc.passes.specialize import specialize
 from cortexc.runtime import reference
@@ -52,6 +52,14 @@ def test_every_registry_entry_has_every_part(op):
     assert d.at_zero is None or isinstance(d.at_zero, float)
     # an elementwise op's C text uses each operand; every helper it calls is defined by the entry
     assert d.kind == OpKind.VECTOR or all(f"{{{i}}}" in d.c for i in range(d.arity)), d.c
+    if d.c_identity is not None:  # the element's identity: named fields codegen fills in, the attrs' own
+        assert d.identity is not None and d.min_domain == Domain.NODE
+        fields = {"elem": "j", "node": "nd[i]", "slot": "0", **d.c_identity({"site": 1, "p": 0.5})}
+        assert d.c.format(*["x"] * d.arity, **fields)
+        for helper in set(re.findall(r"\bcx_\w+(?=\()", d.c + d.c_helper)):
+            defined = [h for h in (*d.c_helper_needs, d.c_helper) if re.match(rf"\w+ {helper}\(.*\}}$", h)]
+            assert len(defined) == 1, (helper, d.c_helper)
+        return
     assert d.c.format(*["x"] * d.arity)
     for helper in set(re.findall(r"\bcx_\w+(?=\()", d.c)):
         assert re.match(rf"float {helper}\(float x\) \{{.*\}}$", d.c_helper), (helper, d.c_helper)
@@ -105,6 +113,8 @@ USER_OPS = {
     "sqrt": ("sqrt(x_sqrt)", ("positive",), torch.sqrt),
     "softmax": ("softmax(x_softmax)", ("real",), lambda x: F.softmax(x, dim=-1)),
     "log_softmax": ("log_softmax(x_log_softmax)", ("real",), lambda x: F.log_softmax(x, dim=-1)),
+    # evaluation mode (the default): the identity, saturated inputs too (training: tests/test_dropout.py)
+    "dropout": ("dropout(x_dropout, 0.5)", ("real",), lambda x: x),
 }
 
 #: rows every input of a kind starts with: saturation, large values, 0 and near-0
@@ -124,8 +134,9 @@ SPECIAL_ROWS = {
 }
 
 
-#: what a .cell file can write: the registry's surface names, and unary minus (read by the front end itself)
-WRITTEN = {op for op, d in OPS.items() if d.surface} | {Op.NEG}
+#: what a .cell file can write: the registry's surface names, unary minus and dropout(e, p) (read by the front
+#: end itself)
+WRITTEN = {op for op, d in OPS.items() if d.surface} | {Op.NEG, Op.DROPOUT}
 
 
 def test_every_written_op_is_tested():

@@ -151,9 +151,9 @@ def test_results_the_loss_does_not_use_get_no_upstream(binary, rng, monkeypatch)
     executor = module.runner.executor
     original = executor.run_backward
 
-    def spy(lin, params, inputs, states, hoisted, grads):
+    def spy(lin, params, inputs, states, hoisted, grads, **options):
         seen.append([g is None for g in grads[4]])
-        return original(lin, params, inputs, states, hoisted, grads)
+        return original(lin, params, inputs, states, hoisted, grads, **options)
 
     monkeypatch.setattr(executor, "run_backward", spy)
     out = module(forest, word=torch.as_tensor(word))
@@ -173,11 +173,11 @@ def test_inputs_and_results_share_memory_with_the_kernels(childsum, rng, monkeyp
     executor = module.runner.executor
     original = executor.run_forward
 
-    def spy(lin, params, inputs, states, hoisted, outputs):
+    def spy(lin, params, inputs, states, hoisted, outputs, **options):
         seen["input"] = inputs[0].ctypes.data
         seen["state"] = states[0].ctypes.data
         seen["param"] = params[0].ctypes.data
-        return original(lin, params, inputs, states, hoisted, outputs)
+        return original(lin, params, inputs, states, hoisted, outputs, **options)
 
     monkeypatch.setattr(executor, "run_forward", spy)
     out = module(forest, x=x)
@@ -217,7 +217,7 @@ def test_opcheck_passes_on_both_ops(binary, rng):
     batch = ForestBatch.from_forest(forest)
     params = [getattr(module, n).detach().clone().requires_grad_(True) for n in module.runner.params]
     inputs = [torch.as_tensor(word, dtype=torch.int32)]
-    args = (module._handle, params, inputs, *batch.tensors())
+    args = (module._handle, params, inputs, *batch.tensors(), False, torch.zeros((), dtype=torch.int64))
     torch.library.opcheck(cell_forward, args)
     results = cell_forward(*args)
     ns, nh = len(module.runner.states), len(module.runner.spec["hoisted_widths"])
@@ -226,7 +226,8 @@ def test_opcheck_passes_on_both_ops(binary, rng):
     d_outputs = [torch.randn(results[-1].shape)]  # the backward is not differentiable itself
     detached = [p.detach() for p in params]
     torch.library.opcheck(
-        cell_backward, (module._handle, detached, inputs, *batch.tensors(), states, hoisted, d_states, d_outputs)
+        cell_backward,
+        (module._handle, detached, inputs, *batch.tensors(), states, hoisted, d_states, d_outputs, *args[-2:]),
     )
 
 
@@ -480,3 +481,85 @@ def test_the_cuda_runner_takes_torchs_arch_needs_no_pycuda_and_checks_the_stream
         runner.check_stream(on_gpu)
     with pytest.raises(CortexcError, match="use_backend takes 'cpu' or 'cuda-emu'"):
         module.use_backend("cuda")
+
+
+# ------------------------------------------------------------------------------------------- dropout
+DROPOUT = {"V": 40, "X": 6, "H": 5, "C": 3}
+
+
+@pytest.fixture(scope="module")
+def dropout_cell():
+    return cortexc.load(EXAMPLES / "treelstm_dropout.cell", **DROPOUT).DropoutTreeLSTM
+
+
+def _drawn_seed(k: int) -> int:
+    """The seed a training-mode call draws after torch.manual_seed(k) (torch's default generator)."""
+    torch.manual_seed(k)
+    return int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)) % 2**64
+
+
+def test_train_and_eval_drive_dropout_with_torch_s_generator(dropout_cell, rng):
+    module, reference = jittered(dropout_cell, rng)
+    forest, word = binary_case(rng)
+    assert module.training
+    seed = _drawn_seed(11)
+    torch.manual_seed(11)
+    out = module(forest, word=torch.as_tensor(word))
+    expected = reference(forest, grad=True, train=True, dropout_seed=seed, word=word)
+    assert relative_error(out["logits"].detach().numpy(), expected["logits"]) < 1e-5
+    up = rng.standard_normal(expected["logits"].shape).astype(np.float32)
+    (out["logits"] * torch.from_numpy(up)).sum().backward()
+    grads = reference.backward(expected, {"logits": up})
+    for name, param in module.named_parameters():
+        assert relative_error(param.grad.numpy(), grads[name]) < 1e-4, name
+    # the same generator state reproduces the call; another draw gives other masks
+    torch.manual_seed(11)
+    again = module(forest, word=torch.as_tensor(word))
+    assert torch.equal(again["logits"], out["logits"])
+    assert not torch.equal(module(forest, word=torch.as_tensor(word))["logits"], out["logits"])
+    # evaluation mode: no dropout, and torch's generator is not touched
+    module.eval()
+    state = torch.get_rng_state()
+    plain = module(forest, word=torch.as_tensor(word))
+    assert torch.equal(torch.get_rng_state(), state)
+    assert relative_error(plain["logits"].detach().numpy(), reference(forest, word=word)["logits"]) < 1e-5
+
+
+def test_opcheck_and_compile_with_dropout_in_training_mode(dropout_cell, rng):
+    from torch._dynamo.utils import counters
+
+    module = CellModule(dropout_cell)
+    forest, word = binary_case(rng)
+    batch = ForestBatch.from_forest(forest)
+    params = [getattr(module, n).detach().clone().requires_grad_(True) for n in module.runner.params]
+    inputs = [torch.as_tensor(word, dtype=torch.int32)]
+    seed = torch.tensor(-12345, dtype=torch.int64)  # two's complement: 2^64 - 12345
+    args = (module._handle, params, inputs, *batch.tensors(), True, seed)
+    torch.library.opcheck(cell_forward, args)
+    results = cell_forward(*args)
+    ns, nh = len(module.runner.states), len(module.runner.spec["hoisted_widths"])
+    states, hoisted = [r.detach() for r in results[:ns]], [r.detach() for r in results[ns : ns + nh]]
+    torch.library.opcheck(
+        cell_backward,
+        (
+            module._handle,
+            [p.detach() for p in params],
+            inputs,
+            *batch.tensors(),
+            states,
+            hoisted,
+            [None, None],
+            [torch.randn(results[-1].shape)],
+            True,
+            seed,
+        ),
+    )
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+    torch.manual_seed(3)
+    out = compiled(batch, word=torch.as_tensor(word))
+    out["logits"].sum().backward()
+    torch.manual_seed(3)
+    assert torch.equal(out["logits"], module(batch, word=torch.as_tensor(word))["logits"])
+    assert not counters["graph_break"], dict(counters["graph_break"])

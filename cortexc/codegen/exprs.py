@@ -18,8 +18,13 @@ from cortexc.ir.program import Adjoints, Kernel, PlaceKind, RowKind, row_kind, s
 
 
 def c_helpers(used: set[Op]) -> list[str]:
-    """The C helper functions the texts of the `used` ops call, in registry order (without qualifiers)."""
-    return [d.c_helper for op, d in OPS.items() if op in used and d.c_helper]
+    """The C helper functions the texts of the `used` ops call, in registry order (without qualifiers);
+    a helper's own helpers (`OpDef.c_helper_needs`) come just before it."""
+    helpers: list[str] = []
+    for op, d in OPS.items():
+        if op in used and d.c_helper:
+            helpers.extend(h for h in (*d.c_helper_needs, d.c_helper) if h not in helpers)
+    return helpers
 
 
 def float_literal(value: float) -> str:
@@ -58,7 +63,8 @@ def gradient_symbol(kind: str, name: str) -> str:
 class KernelExprs:
     """Renders reads and computations of the values of one kernel's body."""
 
-    def __init__(self, cell: Cell, kernel: Kernel):
+    def __init__(self, cell: Cell, kernel: Kernel, train: bool = True):
+        self.train = train  # False: the evaluation-mode text, where dropout(e, p) is e (no mask work at all)
         self.cell = cell
         self.kernel = kernel
         self.values = kernel.body.values
@@ -119,7 +125,15 @@ class KernelExprs:
             inner = self.ref(value.args[0], rows, row, f"({col}) - {lo}")
             return f"(({col}) >= {lo} && ({col}) < {lo + size} ? {inner} : 0.0f)"
         operands = [self.ref(arg, rows, row, col) for arg in value.args]
-        return OPS[op].c.format(*operands)
+        definition = OPS[op]
+        if definition.c_identity is not None and not self.train:
+            return operands[0]
+        if definition.c_identity is not None:  # the element's identity: its index, node id and child slot
+            node_row = f"er[{row}]" if rows == RowKind.CHILD else row
+            slot = f"1 + ({row}) - eb[er[{row}]]" if rows == RowKind.CHILD else "0"
+            where = {"elem": col, "node": f"nd[{node_row}]", "slot": slot}
+            return definition.c.format(*operands, **where, **definition.c_identity(dict(value.attrs)))
+        return definition.c.format(*operands)
 
     def _slice_offset(self, value: Value) -> int:
         """Where a slice starts in its base's flattened row (rows of a matrix count whole rows)."""

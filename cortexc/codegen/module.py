@@ -30,6 +30,7 @@ from cortexc.codegen.render import abi, environment
 from cortexc.codegen.target import TARGETS
 from cortexc.errors import OutputError
 from cortexc.ir.cell import Cell
+from cortexc.ir.ops import Op
 from cortexc.ir.program import Program, width
 from cortexc.ir.signature import cell_signature
 from cortexc.options import CompileOptions
@@ -93,6 +94,9 @@ def cell_spec(cell: Cell, program: Program, kernel_files: Mapping[str, str]) -> 
         "abi": abi(cell, program),
         "kernels": dict(kernel_files),
         "deferred": [{"rows": t.rows.value, "m": t.m, "k": t.k, "param": t.param} for t in program.deferred or ()],
+        "dropout_sites": len(
+            {v.attr("site") for body in cell.bodies() for v in body.values if v.op == Op.DROPOUT}
+        ),  # 0: training mode changes nothing (cortexc.torch then draws no seed)
         "schedule": [
             {
                 "kernel": k.name,

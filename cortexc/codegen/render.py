@@ -299,6 +299,14 @@ def _kernel_context(
             child_floats += buffer.width
     offset_terms = _offset(node_floats, child_floats)
     steps = [_step_context(exprs, kernel, step) for step in kernel.steps]
+    # a loop or store whose text has dropout is versioned on the call's train flag: the evaluation-mode
+    # copy computes exactly e (a branch inside the loop would be if-converted, the masks computed anyway)
+    plain = KernelExprs(cell, kernel, train=False)
+    for step, context in zip(kernel.steps, steps):
+        if context["kind"] in ("loop", "store"):
+            text = _step_context(plain, kernel, step)["expr"]
+            versioned = text != context["expr"] and context.get("mode") != StoreMode.ATOMIC_ADD.value
+            context["expr_eval"] = text if versioned else ""
     split = kernel.split if target.column_split else None
     packed_index = {w.name: i for i, w in enumerate(program.packed)}
     for number, (step, context) in enumerate(zip(kernel.steps, steps)):

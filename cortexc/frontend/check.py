@@ -117,8 +117,9 @@ MAX_INIT = 1e30
 #: the longest cell name: it names the cell's kernel files and libraries (a file name has 255 bytes at most)
 MAX_CELL_NAME = 100
 
-#: the keywords of `model(forest, grad=False, host=True, **inputs)` (and its `self`): no input can be passed so
-RESERVED_INPUTS = frozenset({"forest", "grad", "host", "self"})
+#: the keywords of `model(forest, grad=False, host=True, train=False, dropout_seed=None, **inputs)` (and its
+#: `self`): no input can be passed so
+RESERVED_INPUTS = frozenset({"forest", "grad", "host", "train", "dropout_seed", "self"})
 
 
 def _check_cell_name(cell_def: ast.CellDef, sink: ErrorSink) -> None:
@@ -217,7 +218,7 @@ def _check_cell(cell_def: ast.CellDef, defines: Mapping[str, int], sink: ErrorSi
             if item.name in RESERVED_INPUTS:
                 sink.report(
                     f"an input cannot be named '{item.name}': inputs are passed as keywords of "
-                    "model(forest, grad=False, host=True, **inputs), which has its own",
+                    "model(forest, grad=False, host=True, train=False, dropout_seed=None, **inputs), which has its own",
                     item.loc,
                 )
                 continue

@@ -10,13 +10,14 @@ no result needs are dropped at the end of each body.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from cortexc.errors import SourceLoc
 from cortexc.frontend import ast
-from cortexc.frontend.check import DeclaredCell, ErrorSink, const_int, did_you_mean, expr_loc
+from cortexc.frontend.check import DeclaredCell, ErrorSink, const_int, const_value, did_you_mean, expr_loc
 from cortexc.ir import cell as ir
 from cortexc.ir.builder import BodyBuilder
 from cortexc.ir.cell import BodyKind, DType, Value
@@ -37,17 +38,37 @@ from cortexc.ir.ops import (
     slice_shape,
 )
 
-FUNCTIONS = sorted([*UNARY_FUNCTIONS, *VECTOR_FUNCTIONS, *REDUCTIONS, *CHILD_FUNCTIONS, "concat"])
+FUNCTIONS = sorted([*UNARY_FUNCTIONS, *VECTOR_FUNCTIONS, *REDUCTIONS, *CHILD_FUNCTIONS, "concat", "dropout"])
+
+
+def _dropout_sites(decl: DeclaredCell) -> dict[tuple[int, int], int]:
+    """Each `dropout(...)` call of the cell by where it starts -> its site: its position among the cell's
+    dropout calls in the order of the text (leaf block, node block and outputs together)."""
+    found: list[tuple[int, int]] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, ast.Call) and node.func == "dropout":
+            found.append((node.loc.line, node.loc.col))
+        if isinstance(node, tuple):
+            for item in node:
+                walk(item)
+        elif dataclasses.is_dataclass(node) and not isinstance(node, SourceLoc):
+            for f in dataclasses.fields(node):
+                walk(getattr(node, f.name))
+
+    walk((decl.leaf, decl.node, tuple(out for out, _ in decl.outputs)))
+    return {place: site for site, place in enumerate(sorted(found))}
 
 
 def lower_cell(decl: DeclaredCell, sink: ErrorSink, source_file: str = "") -> ir.Cell | None:
     """Build the IR cell; errors go to `sink` (None is returned if any were found here)."""
     before = len(sink.errors)
-    node = _lower_block(decl, decl.node, sink) if decl.node is not None else None
-    leaf = _lower_block(decl, decl.leaf, sink) if decl.leaf is not None else None
+    sites = _dropout_sites(decl)
+    node = _lower_block(decl, decl.node, sink, sites) if decl.node is not None else None
+    leaf = _lower_block(decl, decl.leaf, sink, sites) if decl.leaf is not None else None
     outputs = []
     for out_decl, shape in decl.outputs:
-        body = _lower_output(decl, out_decl, shape, sink)
+        body = _lower_output(decl, out_decl, shape, sink, sites)
         if body is not None:
             outputs.append(ir.Output(out_decl.name, shape, out_decl.at_root, body))
     if len(sink.errors) > before or node is None:
@@ -76,11 +97,14 @@ class _Scope:
     locals: dict[str, int | None]  # None marks a name whose value had an error
     assigned_states: dict[str, tuple[int | None, SourceLoc]]
     targets: frozenset[str] = frozenset()  # every name the block assigns (to tell "not yet" from "unknown")
+    sites: Mapping[tuple[int, int], int] = dataclasses.field(default_factory=dict)  # dropout calls (`_dropout_sites`)
 
 
-def _lower_block(decl: DeclaredCell, block: ast.Block, sink: ErrorSink) -> ir.Body:
+def _lower_block(
+    decl: DeclaredCell, block: ast.Block, sink: ErrorSink, sites: Mapping[tuple[int, int], int]
+) -> ir.Body:
     targets = frozenset(t.name for stmt in block.stmts for t in stmt.targets)
-    scope = _Scope(decl, block.kind, BodyBuilder(), sink, {}, {}, targets)
+    scope = _Scope(decl, block.kind, BodyBuilder(), sink, {}, {}, targets, sites)
     states = {s.name: s for s in decl.states}
     read_only = {p.name: "param" for p in decl.params} | {i.name: "input" for i in decl.inputs}
     read_only |= {name: "dim" for name, _ in decl.dims}
@@ -152,8 +176,10 @@ def _bind(
         scope.assigned_states[name] = (None, target.loc)
 
 
-def _lower_output(decl: DeclaredCell, out: ast.OutputDecl, shape: Shape, sink: ErrorSink) -> ir.Body | None:
-    scope = _Scope(decl, "output", BodyBuilder(), sink, {}, {})
+def _lower_output(
+    decl: DeclaredCell, out: ast.OutputDecl, shape: Shape, sink: ErrorSink, sites: Mapping[tuple[int, int], int]
+) -> ir.Body | None:
+    scope = _Scope(decl, "output", BodyBuilder(), sink, {}, {}, sites=sites)
     value = _expr(scope, out.expr)
     if value is None:
         return None
@@ -328,6 +354,8 @@ def _call(scope: _Scope, expr: ast.Call) -> int | None:
         return b.add(Op.CONCAT, tuple(args), shape, domain, loc=expr.loc)
     if func in CHILD_FUNCTIONS:
         return _child_function(scope, expr)
+    if func == "dropout":
+        return _dropout(scope, expr)
     if func not in UNARY_FUNCTIONS and func not in VECTOR_FUNCTIONS and func not in REDUCTIONS:
         sink.report(f"unknown function '{func}'" + did_you_mean(func, FUNCTIONS), expr.loc)
         return None
@@ -382,6 +410,28 @@ def _child_function(scope: _Scope, expr: ast.Call) -> int | None:
         )
         return None
     return scope.builder.add(CHILD_FUNCTIONS[func], (arg,), v.shape, Domain.CHILD, loc=expr.loc)
+
+
+def _dropout(scope: _Scope, expr: ast.Call) -> int | None:
+    """`dropout(e, p)`: p a constant of numbers and dims in [0, 1) (a float64); the result varies per node at
+    least (its mask does), per child where e does."""
+    sink = scope.sink
+    if len(expr.args) != 2:
+        sink.report(f"dropout takes two arguments, dropout(e, p), got {len(expr.args)}", expr.loc)
+        return None
+    arg = _float_operand(scope, expr.args[0])
+    p = const_value(expr.args[1], scope.decl.dim_map, sink, "the dropout probability p", _other_names(scope))
+    if arg is None or p is None:
+        return None
+    if not 0.0 <= p < 1.0:
+        sink.report(
+            f"the dropout probability p must be in [0, 1), but {_text(expr.args[1])} is {p:g}", expr_loc(expr.args[1])
+        )
+        return None
+    v = _value(scope, arg)
+    site = scope.sites[(expr.loc.line, expr.loc.col)]
+    domain = max(v.domain, Domain.NODE)
+    return scope.builder.add(Op.DROPOUT, (arg,), v.shape, domain, (("site", site), ("p", float(p))), loc=expr.loc)
 
 
 def _children_visible(scope: _Scope, what: str, loc: SourceLoc) -> bool:

@@ -20,15 +20,16 @@ from typing import Any
 import numpy as np
 
 from cortexc.ir.cell import Body, Value
-from cortexc.ir.ops import OPS, Domain, Op, OpKind
+from cortexc.ir.ops import OPS, Domain, Identity, Op, OpKind
+from cortexc.runtime.philox import EVAL, Dropout
 
 
 class NodeView:
     """What the rules of one node can see."""
 
-    __slots__ = ("index", "children", "states", "inputs", "params", "dtype", "hoisted", "adjoints")
+    __slots__ = ("index", "children", "states", "inputs", "params", "dtype", "hoisted", "adjoints", "dropout")
 
-    def __init__(self, index, children, states, inputs, params, dtype):
+    def __init__(self, index, children, states, inputs, params, dtype, dropout: Dropout = EVAL):
         self.index = index
         self.children = children
         self.states = states
@@ -37,6 +38,7 @@ class NodeView:
         self.dtype = dtype
         self.hoisted: dict[str, np.ndarray] = {}  # this node's results of the cell's `pre` body
         self.adjoints: dict[str, np.ndarray] = {}  # incoming gradients, for gradient bodies
+        self.dropout = dropout  # the call's dropout mode (training: masks by seed and element identity)
 
 
 def _batched(x: np.ndarray, value: Value, rank: int) -> np.ndarray:
@@ -101,6 +103,11 @@ def eval_value(
         return np.full(value.shape, value.attr("value"), node.dtype)
     definition = OPS.get(op)
     if definition is not None:  # elementwise and vector ops: the registry's NumPy rule
+        if definition.identity is not None:  # dropout: which element of which node (index = the node's id)
+            children = len(node.children) if value.domain == Domain.CHILD else None
+            where = Identity(node.dropout, node.index, children)
+            with np.errstate(all="ignore"):
+                return definition.identity(args[0], dict(value.attrs), where).astype(node.dtype, copy=False)
         if definition.kind == OpKind.BINARY:
             rank = len(value.shape)
             args = [_batched(x, v, rank) for x, v in zip(args, arg_values)]

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
+
+from cortexc.runtime import philox
+from cortexc.runtime.philox import Dropout
 
 Shape = tuple[int, ...]
 
@@ -49,6 +52,7 @@ class Op(enum.Enum):
     GELU = "gelu"
     SILU = "silu"
     SQRT = "sqrt"
+    DROPOUT = "dropout"  # attrs: site, p; e in evaluation mode, else kept or zeroed by the element's identity
     # vector-wise
     SOFTMAX = "softmax"
     LOG_SOFTMAX = "log_softmax"
@@ -143,6 +147,24 @@ class Derivatives(Protocol):
 
     def rowsum(self, x: int) -> int: ...
 
+    def mask(self, y: int) -> int:
+        """The mask a dropout value `y` was made with (per element: its scale where kept, else 0)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Which elements of one node's value an identity-dependent rule (dropout) sees: the call's dropout
+    mode, the node's id, and for a per-child value how many children it has rows for (slots 1..children)."""
+
+    dropout: Dropout
+    node: int
+    children: int | None  # None: a per-node value (slot 0)
+
+
+#: ``rule(x, attrs, identity)``: the interpreter rule of an op whose result depends on its elements' identity
+IdentityRule = Callable[[np.ndarray, Mapping[str, Any], Identity], np.ndarray]
+
 
 #: ``rule(d, g, y, args)``: given the adjoint ``g`` of ``y = op(*args)``, yield one contribution per
 #: argument, in argument order (None: nothing flows to it). A generator, so that each contribution is
@@ -164,6 +186,12 @@ class OpDef:
     target's qualifiers in front).
     ``at_zero`` is the value with every operand zero (None: not a constant;
     specialisation then computes the op on an explicit zero).
+    An op whose result depends on which element of which node it is (dropout) has an ``identity``
+    rule (the interpreter's, given the node's `Identity`; ``numpy`` is then its evaluation-mode rule),
+    ``c_identity`` (its attrs as the named fields of ``c``, besides ``{elem}``, ``{node}`` and ``{slot}``,
+    the C expressions of the element index, node id and child slot that codegen fills in),
+    ``c_helper_needs`` (helpers its helper calls, emitted before it) and ``min_domain`` (its result
+    varies at least per node, whatever its operands).
     """
 
     op: Op
@@ -177,6 +205,10 @@ class OpDef:
     at_zero: float | None
     c_helper: str = ""
     c_row_setup: str = ""
+    identity: IdentityRule | None = None
+    c_identity: Callable[[Mapping[str, Any]], Mapping[str, str]] | None = None
+    c_helper_needs: tuple[str, ...] = ()
+    min_domain: Domain = Domain.PARAM
 
     @property
     def arity(self) -> int:
@@ -309,6 +341,46 @@ def _d_log_softmax(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Itera
     yield d.op(Op.SUB, g, d.op(Op.MUL, d.op(Op.EXP, y), total))
 
 
+def _d_dropout(d: Derivatives, g: int, y: int, args: Sequence[int]) -> Iterator[int | None]:
+    """The forward's mask and scale on the gradient (the same site and elements: dropout of g)."""
+    yield d.op(Op.MUL, g, d.mask(y))
+
+
+def _dropout(x: np.ndarray, attrs: Mapping[str, Any], where: Identity) -> np.ndarray:
+    """Masks from `cortexc.runtime.philox`, for one node's value (rows of children: slots 1, 2, ...)."""
+    if not where.dropout.train:
+        return x
+    p = attrs["p"]
+    shape = x.shape if where.children is None else x.shape[1:]
+    element = np.arange(math.prod(shape), dtype=np.int64).reshape(shape)
+    slot: np.ndarray | int = 0
+    if where.children is not None:
+        slot = (1 + np.arange(where.children, dtype=np.int64)).reshape((-1,) + (1,) * len(shape))
+    keep = philox.keep_mask(where.dropout.seed, attrs["site"], p, where.node, slot, element)
+    scale = np.asarray(philox.scale(p), x.dtype)
+    return np.where(keep, x * scale, np.zeros((), x.dtype)).astype(x.dtype, copy=False)
+
+
+def _c_dropout(attrs: Mapping[str, Any]) -> Mapping[str, str]:
+    scale = float(philox.scale(attrs["p"]))
+    return {"site": f"{attrs['site']}u", "threshold": f"{philox.threshold(attrs['p'])}u", "scale": f"{scale!r}f"}
+
+
+#: Philox-4x32-10's first output word (counter c0..c3, key k0, k1): the kernels' mask function, one helper for
+#: C and CUDA; the NumPy one is `philox4x32`. Every word is held zero-extended in 64 bits and each product is a
+#: widening 32 x 32 -> 64 one (vpmuludq when gcc vectorises the loop; mul.wide.u32 in nvcc): with 32-bit
+#: words gcc repacks the lanes every round and multiplies in full 64 bits (~20% slower).
+_PHILOX_HELPER = (
+    "uint32_t cx_philox_u0(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {"
+    " uint64_t c0 = a0, c1 = a1, c2 = a2, c3 = a3, k0 = b0, k1 = b1;"
+    " for (int r = 0; r < 10; ++r) {"
+    " const uint64_t p0 = 0xD2511F53u * c0, p1 = 0xCD9E8D57u * c2;"
+    " const uint64_t n0 = ((p1 >> 32) ^ c1 ^ k0) & 0xFFFFFFFFu, n2 = ((p0 >> 32) ^ c3 ^ k1) & 0xFFFFFFFFu;"
+    " c1 = p1 & 0xFFFFFFFFu; c3 = p0 & 0xFFFFFFFFu; c0 = n0; c2 = n2;"
+    " k0 = (k0 + 0x9E3779B9u) & 0xFFFFFFFFu; k1 = (k1 + 0xBB67AE85u) & 0xFFFFFFFFu; }"  # bumped after each round
+    " return (uint32_t)c0; }"
+)
+
 _SQRT1_2 = "0.70710678118654752f"  # 1 / sqrt(2)
 _INV_SQRT_2PI = "0.39894228040143268f"  # 1 / sqrt(2 pi)
 
@@ -390,6 +462,28 @@ OPS: dict[Op, OpDef] = {
             0.0,
             # fast-math's vectorised sqrt is x * rsqrt(x): NaN at inf (inf * 0), so inf is passed through
             c_helper="float cx_sqrt(float x) { return x < FLT_MAX ? sqrtf(x) : x; }",
+        ),
+        OpDef(
+            Op.DROPOUT,
+            _U,
+            None,  # dropout(e, p): read by the front end itself (p is a constant, not an operand)
+            same_shape,
+            lambda x: x,  # evaluation mode
+            "cx_dropout({0}, call->dropout_train, call->dropout_seed, {elem}, {node}, {slot}, {site}, {threshold},"
+            " {scale})",
+            _d_dropout,
+            0.0,
+            # evaluation mode computes exactly x (one branch on the call's flag); the counter is (e, n, j, s)
+            c_helper=(
+                "float cx_dropout(float x, int64_t train, uint64_t seed, int64_t e, int64_t n, int64_t j, uint32_t s,"
+                " uint32_t threshold, float scale) { if (!train) return x;"
+                " return cx_philox_u0((uint32_t)e, (uint32_t)n, (uint32_t)j, s, (uint32_t)seed,"
+                " (uint32_t)(seed >> 32)) >= threshold ? x * scale : 0.0f; }"
+            ),
+            identity=_dropout,
+            c_identity=_c_dropout,
+            c_helper_needs=(_PHILOX_HELPER,),
+            min_domain=Domain.NODE,
         ),
         OpDef(Op.SOFTMAX, _V, "softmax", vector_shape, _softmax, "out_row[j] / total", _d_softmax, None),
         OpDef(

@@ -195,7 +195,8 @@ def _verify_value(cell: Cell, body: Body, index: int, value: Value, role: BodyKi
         shape, domain = value.shape, Domain.PARAM  # a scalar, or a filled vector/matrix
     elif op in OPS:  # elementwise and vector ops: the registry's shape rule
         _expect(len(args) == OPS[op].arity, f"{op.value} takes {OPS[op].arity} args")
-        shape, domain = OPS[op].shape(*(a.shape for a in args)), max(a.domain for a in args)
+        shape = OPS[op].shape(*(a.shape for a in args))
+        domain = max(OPS[op].min_domain, *(a.domain for a in args))
     elif op == Op.MATMUL:
         shape, domain = matmul_shape(args[0].shape, args[1].shape), max(args[0].domain, args[1].domain)
     elif op == Op.SLICE:

@@ -64,6 +64,7 @@ class _Reverse:
         self.copy: list[int] = []  # forward value index -> index in the new body
         self.adjoint: dict[int, int] = {}  # forward value index -> adjoint value in the new body
         self.results: dict[GradTarget, int] = {}
+        self.masks: dict[int, int] = {}  # a recomputed dropout value -> its mask (`_dropout`)
 
     # --- building blocks -----------------------------------------------------
     def v(self, index: int) -> Value:
@@ -84,6 +85,20 @@ class _Reverse:
 
     def rowsum(self, x: int) -> int:
         return self.op(Op.ROWSUM, x, shape=())
+
+    def mask(self, y: int) -> int:
+        return self.masks[y]
+
+    def _dropout(self, value: Value, x: int) -> int:
+        """A forward `dropout(x)` recomputed as ``x * M``, M the mask (dropout of ones at the same site and
+        elements: the scale where kept, else 0), which the gradient shares: one Philox block per element."""
+        ones = self.b.add(Op.CONST, (), value.shape, Domain.PARAM, (("value", 1.0),))
+        if value.domain == Domain.CHILD:
+            ones = self.b.add(Op.EXPAND, (ones,), value.shape, Domain.CHILD)
+        mask = self.b.add(value.op, (ones,), value.shape, value.domain, value.attrs, loc=value.loc)
+        y = self.b.add(Op.MUL, (x, mask), value.shape, value.domain, loc=value.loc)
+        self.masks[y] = mask
+        return y
 
     def add_result(self, target: GradTarget, g: int) -> None:
         if target in self.results:
@@ -111,6 +126,9 @@ class _Reverse:
     def run(self) -> Body:
         for value in self.forward.values:
             args = tuple(self.copy[a] for a in value.args)
+            if value.op == Op.DROPOUT:
+                self.copy.append(self._dropout(value, args[0]))
+                continue
             self.copy.append(
                 self.b.add(value.op, args, value.shape, value.domain, value.attrs, value.dtype, loc=value.loc)
             )

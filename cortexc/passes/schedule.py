@@ -33,7 +33,7 @@ from collections import defaultdict
 from dataclasses import replace
 
 from cortexc.ir.cell import Body, Cell, GradKind, GradTarget, Value
-from cortexc.ir.ops import BINARY_OPS, LEAF_OPS, REDUCE_OPS, UNARY_OPS, VECTOR_OPS, Op
+from cortexc.ir.ops import BINARY_OPS, LEAF_OPS, OPS, REDUCE_OPS, UNARY_OPS, VECTOR_OPS, Op
 from cortexc.ir.program import (
     AccumOuter,
     AccumSum,
@@ -315,7 +315,10 @@ def _kernel(role: KernelRole, rows: Rows, body: Body, cell: Cell, packed: dict, 
                 column += width(values[arg])
         elif op in ELEMENTWISE or op == Op.PAD:
             too_deep = inline_depth(index) > MAX_INLINE_DEPTH  # long chains: C text and codegen stay shallow
-            if needs_address[index] or (uses[index] >= 2 and op != Op.NEG) or too_deep:
+            # dropout in its own loop: one that gcc vectorises (not scalar Philox inside a padded gradient or a
+            # staged add) and that codegen versions on the train flag (evaluation mode: a copy, no mask work)
+            masked = OPS[op].identity is not None if op in OPS else False
+            if needs_address[index] or (uses[index] >= 2 and op != Op.NEG) or too_deep or masked:
                 materialize(index, value)
             else:
                 places.append(Place(PlaceKind.INLINE))

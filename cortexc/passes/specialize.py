@@ -84,6 +84,8 @@ def _fold(
     new_args = tuple(materialize(a, v) for a, v in zip(args, arg_values))
     # folding can turn a per-node operand into a constant: the result varies only as its operands do
     domain = max((builder.values[a].domain for a in new_args), default=value.domain)
+    if op in OPS:  # dropout's mask varies per node whatever its operand
+        domain = max(domain, OPS[op].min_domain)
     return builder.add(op, new_args, value.shape, domain, value.attrs, value.dtype, loc=value.loc)
 
 

@@ -30,9 +30,11 @@ class Field:
 
     @property
     def ctype(self) -> Any:
-        """The ctypes type of the member: int64 for `int64_t`, an address for every pointer."""
+        """The ctypes type of the member: int64 for `int64_t`, uint64 for `uint64_t`, an address for every pointer."""
         if self.c_type == "int64_t":
             return ctypes.c_int64
+        if self.c_type == "uint64_t":
+            return ctypes.c_uint64
         if self.c_type.endswith("*"):
             return ctypes.c_void_p
         raise ValueError(f"ABI field {self.name}: no ctypes type for C type {self.c_type!r}")
@@ -56,6 +58,8 @@ CALL_FIELDS: tuple[Field, ...] = (
     Field("states", "float *const *"),
     Field("hoisted", "float *const *"),
     Field("outputs", "float *const *"),
+    Field("dropout_seed", "uint64_t", "the masks' Philox key (seed mod 2^32, seed div 2^32)"),
+    Field("dropout_train", "int64_t", "1: training mode (dropout masks); 0: dropout(e, p) is e"),
 )
 
 #: `cx_grad`: the gradient arrays of a backward call

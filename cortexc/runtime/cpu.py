@@ -19,6 +19,7 @@ from cortexc.errors import CortexcError
 from cortexc.runtime.abi import CxCall, CxGrad, packed_weights
 from cortexc.runtime.build import load_library
 from cortexc.runtime.linearize import Linearized
+from cortexc.runtime.philox import EVAL, Dropout
 
 _P = ctypes.c_void_p
 
@@ -50,9 +51,18 @@ def _pointers(arrays: Sequence[np.ndarray | None]) -> Any:
 
 
 class Saved:
-    """What a forward keeps for the backward: the full state arrays (with the zero row) and hoisted rows."""
+    """What a forward keeps for the backward: the full state arrays (with the zero row), hoisted rows and the
+    dropout mode (the backward recomputes the masks from it)."""
 
-    def __init__(self, lin: Linearized, inputs: list[np.ndarray], states: list[np.ndarray], hoisted: list[np.ndarray]):
+    def __init__(
+        self,
+        lin: Linearized,
+        inputs: list[np.ndarray],
+        states: list[np.ndarray],
+        hoisted: list[np.ndarray],
+        dropout: Dropout = EVAL,
+    ):
+        self.dropout = dropout
         self.lin = lin
         self.inputs = inputs
         self.states = states
@@ -118,6 +128,7 @@ class CpuExecutor:
         states: Sequence[np.ndarray],
         hoisted: Sequence[np.ndarray],
         outputs: Sequence[np.ndarray],
+        dropout: Dropout = EVAL,
     ) -> tuple[ctypes.Structure, list[Any]]:
         """The `cx_call` struct over these arrays, and what must outlive it (the pointer tables, the weights)."""
         call = CxCall(
@@ -130,6 +141,8 @@ class CpuExecutor:
             edge_ptr=lin.edge_ptr.ctypes.data,
             edge_child=lin.edge_child.ctypes.data,
             roots=lin.roots.ctypes.data,
+            dropout_seed=dropout.seed,
+            dropout_train=int(dropout.train),
         )
         tables = {
             "params": _pointers(params),
@@ -152,12 +165,13 @@ class CpuExecutor:
         hoisted: Sequence[np.ndarray],
         outputs: Sequence[np.ndarray],
         packed: Sequence[np.ndarray] | None = None,
+        dropout: Dropout = EVAL,
     ) -> None:
         """The forward into arrays the caller allocated (the ABI's orders and shapes: states with
         N + 1 rows, the last zero), with `packed` weights or those of the last `set_params`/`repack`.
         What `forward` does after allocating; `cortexc.torch` calls it with views of torch tensors."""
         packed = self._weights[1] if packed is None else packed
-        call, _tables = self._call(lin, params, packed, inputs, states, hoisted, outputs)
+        call, _tables = self._call(lin, params, packed, inputs, states, hoisted, outputs, dropout)
         if lin.num_nodes:
             self._launch_forward(call, lin)
 
@@ -170,13 +184,14 @@ class CpuExecutor:
         hoisted: Sequence[np.ndarray],
         grads: Sequence[Sequence[np.ndarray | None]],
         packed: Sequence[np.ndarray] | None = None,
+        dropout: Dropout = EVAL,
     ) -> None:
         """The backward into caller-allocated gradient arrays: `grads` is (d_params, d_inputs, d_states,
         d_hoisted, upstream_outputs) as `cx_grad` orders them (zeroed, d_states holding the upstream
         gradients of the states; None for index inputs and for outputs without an upstream)."""
         outputs = [np.empty(0, np.float32) for _ in self.spec["abi"]["outputs"]]
         packed = self._weights[1] if packed is None else packed
-        call, _tables = self._call(lin, params, packed, inputs, states, hoisted, outputs)
+        call, _tables = self._call(lin, params, packed, inputs, states, hoisted, outputs, dropout)
         grad_tables = [_pointers(list(arrays)) for arrays in grads]
         grad = CxGrad(*(ctypes.cast(table, _P) for table in grad_tables))
         if lin.num_nodes:
@@ -184,7 +199,12 @@ class CpuExecutor:
             self._launch_backward(call, grad, lin, mask)
 
     def forward(
-        self, lin: Linearized, inputs: Mapping[str, np.ndarray], keep: bool = False, host: bool = True
+        self,
+        lin: Linearized,
+        inputs: Mapping[str, np.ndarray],
+        keep: bool = False,
+        host: bool = True,
+        dropout: Dropout = EVAL,
     ) -> tuple[dict[str, np.ndarray], Saved | None]:
         """States and outputs; with `keep`, also what `backward` needs. (`host`: the results are in host
         memory here anyway.)"""
@@ -201,10 +221,10 @@ class CpuExecutor:
         # as copies, so editing either afterwards cannot change the gradients (one copy of each, O(N * width))
         input_arrays = [inputs[name].copy() if keep else inputs[name] for name in abi["inputs"]]
         params, packed = self._weights  # one value: a concurrent load_params neither mixes nor frees them
-        self.run_forward(lin, params, input_arrays, states, hoisted, outputs, packed)
+        self.run_forward(lin, params, input_arrays, states, hoisted, outputs, packed, dropout)
         result = {name: state[:n].copy() if keep else state[:n] for name, state in zip(abi["states"], states)}
         result.update(zip(abi["outputs"], outputs))
-        return result, (Saved(lin, input_arrays, states, hoisted) if keep else None)
+        return result, (Saved(lin, input_arrays, states, hoisted, dropout) if keep else None)
 
     def backward(
         self, saved: Saved, upstream: Mapping[str, np.ndarray], param_shapes: Mapping[str, tuple[int, ...]]
@@ -232,7 +252,7 @@ class CpuExecutor:
         ]
         grads = (d_params, d_inputs, d_states, d_hoisted, upstream_outputs)
         params, packed = self._weights
-        self.run_backward(lin, params, saved.inputs, saved.states, saved.hoisted, grads, packed)
+        self.run_backward(lin, params, saved.inputs, saved.states, saved.hoisted, grads, packed, saved.dropout)
         result = dict(zip(abi["params"], d_params))
         result.update((name, d) for name, d in zip(abi["inputs"], d_inputs) if d is not None)
         return result

@@ -33,6 +33,7 @@ from cortexc.errors import CortexcError
 from cortexc.runtime.abi import CxCall, CxGrad, CxLaunch, LaunchOptions, packed_weights
 from cortexc.runtime.build import load_library
 from cortexc.runtime.linearize import Linearized
+from cortexc.runtime.philox import EVAL, Dropout
 
 ALIGN = 256  # bytes: every array of an arena starts on a boundary this wide
 MIN_BLOCK = 1 << 20  # the smallest block the pool allocates, so small forests share one
@@ -313,7 +314,12 @@ class DeviceExecutor:
 
     # --- forward -----------------------------------------------------------------
     def forward(
-        self, lin: Linearized, inputs: Mapping[str, np.ndarray], keep: bool = False, host: bool = True
+        self,
+        lin: Linearized,
+        inputs: Mapping[str, np.ndarray],
+        keep: bool = False,
+        host: bool = True,
+        dropout: Dropout = EVAL,
     ) -> tuple[dict[str, Any], DeviceSaved | None]:
         abi, n = self.spec["abi"], lin.num_nodes
         device_params = self._params  # once: a concurrent set_params neither mixes nor frees them
@@ -356,6 +362,8 @@ class DeviceExecutor:
                 num_roots=len(lin.roots),
                 **{field: at(field) for field in uploads if "/" not in field},
                 **{table: at(f"table/{table}") for table in counts},
+                dropout_seed=dropout.seed,  # the backward reuses this call: it replays the masks
+                dropout_train=int(dropout.train),
             )
             self.memory.upload(base, _staging(layout, uploaded, uploads, addresses, ("call", call)))
             self.memory.zero(base + uploaded, layout.size - uploaded)
@@ -389,14 +397,17 @@ class DeviceExecutor:
         return result, saved
 
     # --- calls on caller-allocated device arrays (cortexc.torch) ------------------------------------
-    def run_forward_at(self, lin: Linearized, packed: DeviceParams, arrays: Mapping[str, list[int]]) -> None:
+    def run_forward_at(
+        self, lin: Linearized, packed: DeviceParams, arrays: Mapping[str, list[int]], dropout: Dropout = EVAL
+    ) -> None:
         """The forward into device arrays the caller allocated, given by address in the ABI's orders:
         `arrays` maps "params", "inputs", "states" (N + 1 rows, zeroed), "hoisted" and "outputs" to
-        addresses; `packed` from `upload_packed`. Only the forest, the pointer tables and the call go up
-        (one copy, into a pooled arena); nothing comes back. The kernels run on the default stream."""
+        addresses; `packed` from `upload_packed`; `dropout` the call's mode. Only the forest, the pointer
+        tables and the call go up (one copy, into a pooled arena); nothing comes back. The kernels run on
+        the default stream."""
         if not lin.num_nodes:
             return
-        call, layout, base, block = self._call_arena(lin, packed, arrays, None)
+        call, layout, base, block = self._call_arena(lin, packed, arrays, None, dropout)
         try:
             launch = self._launch_struct()
             status = self.lib.cx_forward(
@@ -413,14 +424,16 @@ class DeviceExecutor:
         packed: DeviceParams,
         arrays: Mapping[str, list[int]],
         grads: Mapping[str, list[int]],
+        dropout: Dropout = EVAL,
     ) -> None:
-        """The backward into caller-allocated device arrays: `arrays` as for `run_forward_at` (the forward's
+        """The backward into caller-allocated device arrays (`dropout`: the forward's mode, whose masks it
+        recomputes): `arrays` as for `run_forward_at` (the forward's
         states and hoisted rows; "outputs" may be empty), `grads` maps "d_params", "d_inputs" (0 for an
         index input), "d_states" (holding the states' upstream gradients), "d_hoisted", "upstream" (0
         for an output without one) and "deferred" (zeroed, `deferred_shapes`) to addresses."""
         if not lin.num_nodes:
             return
-        call, layout, base, block = self._call_arena(lin, packed, arrays, grads)
+        call, layout, base, block = self._call_arena(lin, packed, arrays, grads, dropout)
         try:
             mask = sum(1 << index for index, address in enumerate(grads["upstream"]) if address)
             status = self.lib.cx_backward(
@@ -451,6 +464,7 @@ class DeviceExecutor:
         packed: DeviceParams,
         arrays: Mapping[str, list[int]],
         grads: Mapping[str, list[int]] | None,
+        dropout: Dropout,
     ) -> tuple[ctypes.Structure, Layout, int, tuple[int, int]]:
         """An arena holding the forest, the pointer tables of `arrays` (and `grads`), the `cx_call` (and
         `cx_grad`) over them, uploaded in one copy: the host call struct, the layout, its base, its block."""
@@ -478,6 +492,8 @@ class DeviceExecutor:
                 num_roots=len(lin.roots),
                 **{field: base + layout.offsets[field] for field in uploads},
                 **{t: base + layout.offsets[f"table/{t}"] for t in ("params", "packed", *CALL_TABLES)},
+                dropout_seed=dropout.seed,
+                dropout_train=int(dropout.train),
             )
             pieces = list(uploads.items())
             pieces += [(f"table/{t}", np.array(addresses or [0], np.uint64)) for t, addresses in tables.items()]

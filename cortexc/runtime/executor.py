@@ -12,6 +12,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from cortexc.runtime.philox import EVAL, Dropout
+
 
 class Executor(Protocol):
     def set_params(self, params: Mapping[str, np.ndarray]) -> None:
@@ -19,10 +21,15 @@ class Executor(Protocol):
         ...
 
     def forward(
-        self, lin: Any, inputs: Mapping[str, np.ndarray], keep: bool = False, host: bool = True
+        self,
+        lin: Any,
+        inputs: Mapping[str, np.ndarray],
+        keep: bool = False,
+        host: bool = True,
+        dropout: Dropout = EVAL,
     ) -> tuple[dict[str, Any], Any]:
-        """States and outputs of a linearized forest for validated inputs; with ``keep``, also what
-        `backward` needs (else None)."""
+        """States and outputs of a linearized forest for validated inputs, in `dropout`'s mode; with ``keep``,
+        also what `backward` needs (else None; it replays the forward's dropout masks)."""
         ...
 
     def backward(

@@ -29,6 +29,7 @@ from cortexc.runtime.backends import BACKENDS, ExecutorRequest, backend
 from cortexc.runtime.executor import Executor
 from cortexc.runtime.forest import Forest
 from cortexc.runtime.params import check_params, init_params, take_over, write_params_file
+from cortexc.runtime.philox import EVAL, SEED_LIMIT, Dropout, checked_seed
 from cortexc.runtime.signature import CellSignature
 from cortexc.runtime.validate import check_forest, check_inputs
 
@@ -74,6 +75,7 @@ class Outputs(dict):
 
     saved: tuple | None = None
     made_by: object | None = None
+    dropout_seed: int | None = None  # the seed of a training-mode call's dropout masks (None: evaluation mode)
 
 
 class _CompiledCell:
@@ -112,6 +114,8 @@ class CellModel:
         self.device = device
         self._params = _frozen(init_params(self.signature, seed))
         self._executor: Executor | None = None
+        # the dropout seeds of training-mode calls without one: the model's own stream (apart from the params')
+        self._dropout_rng = np.random.default_rng(None if seed is None else (int(seed), 0x64726F70))
 
     # --- params ---------------------------------------------------------------
     @property
@@ -131,8 +135,21 @@ class CellModel:
         write_params_file(path, self._params)
 
     # --- running ----------------------------------------------------------------
-    def __call__(self, forest: Forest, grad: bool = False, host: bool = True, **inputs: Any) -> Outputs:
+    def __call__(
+        self,
+        forest: Forest,
+        grad: bool = False,
+        host: bool = True,
+        train: bool = False,
+        dropout_seed: int | None = None,
+        **inputs: Any,
+    ) -> Outputs:
         """States `[N, ...]` in the forest's node order and every output, for the whole forest.
+
+        ``train=True`` turns the cell's `dropout` calls on: their masks come from ``dropout_seed`` (an int in
+        [0, 2^64)) or, without one, from a seed drawn from the model's own generator (seeded by its `seed`);
+        the result records it as ``out.dropout_seed`` and `backward` replays the same masks. In evaluation
+        mode (the default) `dropout(e, p)` is `e` and ``dropout_seed`` is ignored.
 
         With ``grad=True`` the result also keeps what `backward` needs (the
         forest, the inputs and every state; the rest is recomputed). With
@@ -140,17 +157,29 @@ class CellModel:
         ``GPUArray``s, no copy back) for callers that go on there; every other
         device computes in host memory and returns NumPy arrays either way.
         """
+        dropout = self._dropout_mode(train, dropout_seed)
         check_forest(self.signature, forest)
         checked = check_inputs(self.signature, forest, inputs)
         from cortexc.runtime.linearize import linearize
 
         executor = self._executor_for_device()
-        out, kept = executor.forward(linearize(forest), checked, keep=grad, host=host)
+        out, kept = executor.forward(linearize(forest), checked, keep=grad, host=host, dropout=dropout)
         result = Outputs(out)
+        result.dropout_seed = dropout.seed if dropout.train else None
         if grad:
             result.saved = (forest, checked, {s.name: out[s.name] for s in self.signature.states}, kept)
             result.made_by = self
         return result
+
+    def _dropout_mode(self, train: object, seed: object) -> Dropout:
+        """The call's dropout mode: an explicit seed is checked (and does not advance the generator)."""
+        if not isinstance(train, bool | np.bool_):
+            raise InputError(f"train must be True or False, got {type(train).__name__} {train!r}")
+        if not train:
+            return EVAL
+        if seed is None:
+            return Dropout(True, int(self._dropout_rng.integers(0, SEED_LIMIT, dtype=np.uint64)))
+        return Dropout(True, checked_seed(seed))
 
     def backward(
         self, out: Outputs, upstream: Mapping[str, np.ndarray], sparse: bool = False

@@ -21,6 +21,7 @@ from cortexc.ir.cell import Body, Cell, GradKind
 from cortexc.runtime.forest import Forest
 from cortexc.runtime.linearize import Linearized, linearize
 from cortexc.runtime.params import check_params
+from cortexc.runtime.philox import EVAL, Dropout
 from cortexc.runtime.validate import check_forest, check_inputs
 
 NO_CHILDREN = np.zeros(0, np.int64)
@@ -49,10 +50,11 @@ def run_linearized(
     inputs: Mapping[str, np.ndarray],
     dtype: type,
     progress: Callable[[int], None] | None = None,
+    dropout: Dropout = EVAL,
 ) -> dict[str, np.ndarray]:
-    """States and outputs for validated inputs and params (arrays of `dtype`). `progress(k)`, when given,
-    is told every `PROGRESS_EVERY` nodes (and at the end) that k more nodes are done: the interpreter is
-    slow (minutes on SST train), and the CLI shows how far it is."""
+    """States and outputs for validated inputs and params (arrays of `dtype`), in `dropout`'s mode.
+    `progress(k)`, when given, is told every `PROGRESS_EVERY` nodes (and at the end) that k more nodes
+    are done: the interpreter is slow (minutes on SST train), and the CLI shows how far it is."""
     n = lin.num_nodes
     states: dict[str, np.ndarray] = {s.name: np.zeros((n, *s.shape), dtype) for s in cell.states}
     for position in range(n):
@@ -61,7 +63,7 @@ def run_linearized(
         index = int(lin.level_order[position])
         children = _children(lin, position)
         body = cell.leaf if cell.leaf is not None and len(children) == 0 else cell.node
-        node = interp.NodeView(index, children, states, inputs, params, dtype)
+        node = interp.NodeView(index, children, states, inputs, params, dtype, dropout)
         if body is cell.node:
             node.hoisted = _hoisted(cell, node)
         values = interp.eval_body(body, node)
@@ -72,16 +74,18 @@ def run_linearized(
     out: dict[str, np.ndarray] = dict(states)
     for output in cell.outputs:
         rows = lin.roots if output.at_root else np.arange(n, dtype=np.int64)
-        out[output.name] = _readout(output.body, rows, states, inputs, params, dtype)
+        out[output.name] = _readout(output.body, rows, states, inputs, params, dtype, dropout)
     return out
 
 
-def _readout(body: Body, rows: np.ndarray, states: Any, inputs: Any, params: Any, dtype: type) -> np.ndarray:
+def _readout(
+    body: Body, rows: np.ndarray, states: Any, inputs: Any, params: Any, dtype: type, dropout: Dropout
+) -> np.ndarray:
     """A read-out for the given nodes, one node at a time like the recursion."""
     shape = body.values[body.results[0][1]].shape
     result: np.ndarray = np.zeros((len(rows), *shape), dtype)
     for i, index in enumerate(rows):
-        node = interp.NodeView(int(index), NO_CHILDREN, states, inputs, params, dtype)
+        node = interp.NodeView(int(index), NO_CHILDREN, states, inputs, params, dtype, dropout)
         result[i] = interp.eval_body(body, node)[body.results[0][1]]
     return result
 
@@ -94,8 +98,10 @@ def backward_linearized(
     states: Mapping[str, np.ndarray],
     upstream: Mapping[str, np.ndarray],
     dtype: type,
+    dropout: Dropout = EVAL,
 ) -> dict[str, np.ndarray]:
-    """Gradients of every param and float input for validated inputs (see `backward`)."""
+    """Gradients of every param and float input for validated inputs (see `backward`), with the forward's
+    `dropout` mode (its masks are recomputed)."""
     grad_bodies, leaf_body = cell.grads, cell.leaf
     if grad_bodies is None or leaf_body is None:
         raise ValueError("backward needs a cell with gradient bodies (the specialize and autodiff passes)")
@@ -134,7 +140,7 @@ def backward_linearized(
             continue
         rows = lin.roots if output.at_root else np.arange(n, dtype=np.int64)
         for position, index in enumerate(rows):
-            node = interp.NodeView(int(index), NO_CHILDREN, states, inputs, params, dtype)
+            node = interp.NodeView(int(index), NO_CHILDREN, states, inputs, params, dtype, dropout)
             node.adjoints = {output.name: np.asarray(upstream[output.name][position], dtype)}
             accumulate(node, interp.eval_body(grad_body, node), grad_body)
 
@@ -143,7 +149,7 @@ def backward_linearized(
         children = _children(lin, position)
         leaf = len(children) == 0
         body, grad_body = (leaf_body, grad_bodies.leaf) if leaf else (cell.node, grad_bodies.node)
-        node = interp.NodeView(index, children, states, inputs, params, dtype)
+        node = interp.NodeView(index, children, states, inputs, params, dtype, dropout)
         if not leaf:
             node.hoisted = _hoisted(cell, node)
         node.adjoints = {name: d_states[name][index] for name, _ in body.named_results}
@@ -161,6 +167,7 @@ def run(
     inputs: Mapping[str, object],
     dtype: type = np.float32,
     progress: Callable[[int], None] | None = None,
+    dropout: Dropout = EVAL,
 ) -> dict[str, np.ndarray]:
     """Every state (`[N, ...]` in the forest's node order) and every output of the cell.
 
@@ -170,7 +177,8 @@ def run(
     """
     check_forest(cell, forest)
     checked = check_inputs(cell, forest, inputs, dtype)
-    return run_linearized(cell, linearize(forest), check_params(cell, params, dtype=dtype), checked, dtype, progress)
+    checked_params = check_params(cell, params, dtype=dtype)
+    return run_linearized(cell, linearize(forest), checked_params, checked, dtype, progress=progress, dropout=dropout)
 
 
 def backward(
@@ -181,6 +189,7 @@ def backward(
     states: Mapping[str, np.ndarray],
     upstream: Mapping[str, np.ndarray],
     dtype: type = np.float32,
+    dropout: Dropout = EVAL,
 ) -> dict[str, np.ndarray]:
     """Gradients of every param and float input, one node at a time, parents before children.
 
@@ -193,7 +202,8 @@ def backward(
     check_forest(cell, forest)
     checked = check_inputs(cell, forest, inputs, dtype)
     lin = linearize(forest)
-    return backward_linearized(cell, lin, check_params(cell, params, dtype=dtype), checked, states, upstream, dtype)
+    params = check_params(cell, params, dtype=dtype)
+    return backward_linearized(cell, lin, params, checked, states, upstream, dtype, dropout)
 
 
 @dataclass
@@ -201,6 +211,7 @@ class _Saved:
     lin: Linearized
     inputs: Mapping[str, np.ndarray]
     states: dict[str, np.ndarray]
+    dropout: Dropout
 
 
 class InterpExecutor:
@@ -215,18 +226,25 @@ class InterpExecutor:
         self._params = params
 
     def forward(
-        self, lin: Linearized, inputs: Mapping[str, np.ndarray], keep: bool = False, host: bool = True
+        self,
+        lin: Linearized,
+        inputs: Mapping[str, np.ndarray],
+        keep: bool = False,
+        host: bool = True,
+        dropout: Dropout = EVAL,
     ) -> tuple[dict[str, Any], Any]:
         cell = self._cell_of()
-        out = run_linearized(cell, lin, self._params, inputs, np.float32)
+        out = run_linearized(cell, lin, self._params, inputs, np.float32, dropout=dropout)
         saved = None
         if keep:  # copies: the caller may edit the inputs it passed or the states it got back
             kept_inputs = {name: array.copy() for name, array in inputs.items()}
-            saved = _Saved(lin, kept_inputs, {s.name: out[s.name].copy() for s in cell.states})
+            saved = _Saved(lin, kept_inputs, {s.name: out[s.name].copy() for s in cell.states}, dropout)
         return out, saved
 
     def backward(
         self, saved: Any, upstream: Mapping[str, np.ndarray], param_shapes: Mapping[str, tuple[int, ...]]
     ) -> dict[str, np.ndarray]:
         cell = self._cell_of()
-        return backward_linearized(cell, saved.lin, self._params, saved.inputs, saved.states, upstream, np.float32)
+        return backward_linearized(
+            cell, saved.lin, self._params, saved.inputs, saved.states, upstream, np.float32, saved.dropout
+        )
