@@ -49,8 +49,9 @@ def run_linearized(
     params: Mapping[str, np.ndarray],
     inputs: Mapping[str, np.ndarray],
     dtype: type,
-    progress: Callable[[int], None] | None = None,
     dropout: Dropout = EVAL,
+    *,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, np.ndarray]:
     """States and outputs for validated inputs and params (arrays of `dtype`), in `dropout`'s mode.
     `progress(k)`, when given, is told every `PROGRESS_EVERY` nodes (and at the end) that k more nodes
@@ -166,8 +167,9 @@ def run(
     params: Mapping[str, np.ndarray],
     inputs: Mapping[str, object],
     dtype: type = np.float32,
-    progress: Callable[[int], None] | None = None,
     dropout: Dropout = EVAL,
+    *,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, np.ndarray]:
     """Every state (`[N, ...]` in the forest's node order) and every output of the cell.
 
