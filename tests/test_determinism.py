@@ -25,6 +25,7 @@ from tests.helpers import EXAMPLES, REPO, compare_backward, random_inputs, relat
 CELLS = {
     "dagrnn": ("dagrnn.cell", {"X": 12, "H": 20}),
     "binary_treelstm": ("binary_treelstm.cell", {"V": 40, "X": 12, "H": 10, "C": 3}),
+    "lstm": ("lstm.cell", {"X": 7, "H": 9}),
 }
 
 #: run in a fresh process: builds the forest and inputs from a seed, runs forward + backward `runs`
@@ -99,7 +100,7 @@ def _digests(package: str, cache: str, threads: int, seed: int, runs: int) -> li
     return json.loads(done.stdout.strip().splitlines()[-1])["digests"]
 
 
-@pytest.mark.parametrize("key", sorted(CELLS))
+@pytest.mark.parametrize("key", ["binary_treelstm", "dagrnn"])
 def test_forward_and_backward_are_bitwise_equal_run_to_run_and_across_thread_counts(key, packages, rng):
     package, cache = packages[key]
     seed = int(rng.integers(0, 2**31))
@@ -108,6 +109,59 @@ def test_forward_and_backward_are_bitwise_equal_run_to_run_and_across_thread_cou
     one = _digests(package, cache, 1, seed, runs=1)
     three = _digests(package, cache, 3, seed, runs=1)
     assert one[0] == two[0] == three[0], f"{key}: 1, 2 and 3 threads differ"
+
+
+#: run in a fresh process: chain forests of T steps x B chains on either side of the per-call thread choice
+#: (levels of 16 rows run alone, of 17 are shared; 220 shared rows are too few, 300 enough); prints, per
+#: forest, the threads the library chose for the forward and the backward and a digest of all results
+CHAINS_WORKER = r"""
+import hashlib, json, sys
+from pathlib import Path
+import numpy as np
+from cortexc import Forest
+from cortexc.runtime.linearize import linearize
+from cortexc.runtime.loader import import_package
+
+package, seed = sys.argv[1], int(sys.argv[2])
+module = import_package(Path(package))
+model = module.LSTM(device="cpu", seed=seed)
+rng = np.random.default_rng(seed)
+rows = []
+for T, B in ((40, 16), (40, 17), (6, 20), (8, 20)):
+    forest = Forest.concat([Forest.from_parents(np.append(np.arange(1, T), -1))] * B)
+    x = rng.standard_normal((forest.num_nodes, 7)).astype(np.float32)
+    out = model(forest, grad=True, x=x)
+    grads = model.backward(out, {"h": rng.standard_normal(out["h"].shape).astype(np.float32)})
+    h = hashlib.sha256()
+    for name in sorted(out):
+        h.update(np.ascontiguousarray(out[name]).tobytes())
+    for name in sorted(grads):
+        h.update(np.ascontiguousarray(grads[name]).tobytes())
+    executor = model._executor_for_device()
+    lin = linearize(forest)
+    rows.append([executor.call_threads(lin), executor.call_threads(lin, backward=True), h.hexdigest()])
+print(json.dumps(rows))
+"""
+
+
+def _chain_rows(package: str, cache: str, threads: int, seed: int) -> list[list]:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), CORTEXC_CACHE=cache, PYTHONPATH=str(REPO))
+    env.pop("CORTEXC_NUM_THREADS", None)
+    done = subprocess.run(
+        [sys.executable, "-c", CHAINS_WORKER, package, str(seed)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_thread_count_chosen_per_call_changes_no_bit(packages, rng):
+    """Small calls run on one thread, larger ones on all: the results are the same bits either way."""
+    package, cache = packages["lstm"]
+    seed = int(rng.integers(0, 2**31))
+    one, two = _chain_rows(package, cache, 1, seed), _chain_rows(package, cache, 2, seed)
+    assert [row[:2] for row in one] == [[1, 1]] * 4
+    assert [row[:2] for row in two] == [[1, 1], [2, 2], [1, 1], [2, 2]]
+    assert [row[2] for row in one] == [row[2] for row in two]
 
 
 # ------------------------------------------------- the schedule against the interpreter, tiny + huge levels

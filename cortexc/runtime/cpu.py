@@ -81,10 +81,20 @@ class CpuExecutor:
         if hasattr(self.lib, "cx_set_num_threads"):
             self.lib.cx_set_num_threads.argtypes = [ctypes.c_int]
             self.lib.cx_set_num_threads.restype = None
+        if hasattr(self.lib, "cx_call_threads"):
+            self.lib.cx_call_threads.argtypes = [ctypes.POINTER(CxCall), ctypes.c_int]
+            self.lib.cx_call_threads.restype = ctypes.c_int
 
     def _set_threads(self) -> None:
         if hasattr(self.lib, "cx_set_num_threads"):
             self.lib.cx_set_num_threads(thread_cap())
+
+    def call_threads(self, lin: Linearized, backward: bool = False) -> int:
+        """The threads the compiled code runs a forward (or backward) of this forest on: its own choice from
+        the forest's shape (`cx_call_threads`), under `OMP_NUM_THREADS` and `CORTEXC_NUM_THREADS`."""
+        self._set_threads()
+        call, _tables = self._call(lin, [], [], [], [], [], [])
+        return int(self.lib.cx_call_threads(ctypes.byref(call), int(backward)))
 
     def _launch_forward(self, call: ctypes.Structure, lin: Linearized) -> None:
         self._set_threads()
