@@ -93,6 +93,7 @@ def packages(tmp_path_factory):
 def _digests(package: str, cache: str, threads: int, seed: int, runs: int) -> list[str]:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), CORTEXC_CACHE=cache, PYTHONPATH=str(REPO))
     env.pop("CORTEXC_NUM_THREADS", None)
+    env["CORTEXC_ADAPT_THREADS"] = "0"  # exactly these threads, whatever else runs
     done = subprocess.run(
         [sys.executable, "-c", WORKER, package, str(seed), str(runs)], env=env, capture_output=True, text=True
     )
@@ -147,6 +148,7 @@ print(json.dumps(rows))
 def _chain_rows(package: str, cache: str, threads: int, seed: int) -> list[list]:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), CORTEXC_CACHE=cache, PYTHONPATH=str(REPO))
     env.pop("CORTEXC_NUM_THREADS", None)
+    env["CORTEXC_ADAPT_THREADS"] = "0"  # exactly these threads, whatever else runs
     done = subprocess.run(
         [sys.executable, "-c", CHAINS_WORKER, package, str(seed)], env=env, capture_output=True, text=True
     )
@@ -225,9 +227,54 @@ print(lib.cx_num_threads(), os.environ.get("GOMP_SPINCOUNT"))
 def test_cortexc_num_threads_caps_the_threads_and_waiting_is_bounded(cap, expected, packages):
     package, cache = packages["dagrnn"]
     env = dict(os.environ, OMP_NUM_THREADS="3", CORTEXC_CACHE=cache, PYTHONPATH=str(REPO), CORTEXC_NUM_THREADS=cap)
+    env["CORTEXC_ADAPT_THREADS"] = "0"
     env.pop("GOMP_SPINCOUNT", None)
     env.pop("OMP_WAIT_POLICY", None)
     done = subprocess.run([sys.executable, "-c", THREADS_WORKER, package], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     threads, spin = done.stdout.split()
     assert (threads, spin) == (expected, "10000")
+
+
+# ------------------------------------------------- other processes' load caps the threads
+
+LOAD_WORKER = r"""
+import os, sys
+from pathlib import Path
+import numpy as np
+import cortexc.runtime.cpu as cpu
+from cortexc import Forest
+from cortexc.runtime.loader import import_package
+
+cpu.LOADAVG = sys.argv[2]
+module = import_package(Path(sys.argv[1]))
+model = getattr(module, module.__all__[0])(device="cpu", seed=0)
+model(Forest.random_dag(20, rng=0), x=np.zeros((20, 12), np.float32))
+print(model._executor_for_device().lib.cx_num_threads())
+"""
+
+
+def test_runnable_others_reads_linux_loadavg():
+    from cortexc.runtime.cpu import runnable_others
+
+    assert runnable_others(b"0.52 0.41 0.30 3/120 9999\n", 0) == 2
+    assert runnable_others(b"0.52 0.41 0.30 3/120 9999\n", 1) == 1
+    assert runnable_others(b"0.52 0.41 0.30 1/120 9999\n", 3) == 0
+    assert runnable_others(b"", 0) is None
+    assert runnable_others(b"0.1 0.2 0.3 x/4 5", 0) is None
+
+
+@pytest.mark.parametrize(("others", "adapt", "expected"), [("busy", "", 1), ("none", "", 2), ("busy", "0", 2)])
+def test_other_runnable_threads_cap_the_threads(others, adapt, expected, packages, tmp_path):
+    """With every other CPU taken a call runs on one thread; with none taken (or the check off), on all."""
+    package, cache = packages["dagrnn"]
+    runnable = (os.cpu_count() or 1) if others == "busy" else 1  # the caller itself counts as one
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text(f"1.00 1.00 1.00 {runnable}/200 12345\n")
+    env = dict(os.environ, OMP_NUM_THREADS="2", CORTEXC_CACHE=cache, PYTHONPATH=str(REPO), CORTEXC_ADAPT_THREADS=adapt)
+    env.pop("CORTEXC_NUM_THREADS", None)
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD_WORKER, package, str(loadavg)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) == (min(expected, os.cpu_count() or 1) if others == "none" else expected)
