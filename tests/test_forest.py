@@ -781,3 +781,14 @@ def test_a_cycle_above_a_deep_dag_is_named() -> None:
         Forest(ptr, kids)
     named = int(str(info.value).split("cycle through node ")[1].split(" ")[0])
     assert 100 <= named <= 2000
+
+
+def test_a_deep_dag_above_a_wide_level_has_its_levels() -> None:
+    """200k leaves, then a 20k-node ladder reading the first: Kahn sees the DAG turn deep and hands over."""
+    wide, deep = 200_000, 20_000
+    ptr, idx = ladder_dag(deep)
+    counts = np.concatenate([np.zeros(wide, np.int64), np.diff(ptr)])
+    counts[wide] += 1  # the ladder's first node reads leaf 0
+    forest = Forest(np.concatenate([[0], np.cumsum(counts)]), np.concatenate([[0], idx + wide]))
+    expected = np.concatenate([np.zeros(wide, np.int32), np.arange(1, deep + 1, dtype=np.int32)])
+    assert np.array_equal(forest.level, expected)

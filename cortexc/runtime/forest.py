@@ -147,9 +147,9 @@ def _pointer_levels(child_ptr: np.ndarray, child_idx: np.ndarray, max_rounds: in
 
 #: Kahn steps before a DAG's depth is judged, and between judgements
 _KAHN_PROBE = 64
-#: a Kahn step (~20 us) against a node of one pointer round times the rounds a deep DAG usually takes
-#: (~0.5 us x 4): pointer jumping once the projected remaining steps exceed this share of the nodes
-_POINTER_SHARE = 0.1
+#: a Kahn step (~25 us) against a node of pointer jumping (~0.5 us a round, a few rounds): pointer jumping
+#: once the projected remaining steps exceed this share of the nodes
+_POINTER_SHARE = 0.02
 #: pointer rounds before falling back to Kahn (a cycle, or guesses that settle slowly)
 _POINTER_ROUNDS = 16
 
@@ -163,14 +163,16 @@ def _dag_levels(
     share: float = _POINTER_SHARE,
 ) -> np.ndarray:
     """Levels of a DAG (-1 on or above a cycle): Kahn's algorithm while the DAG looks shallow, pointer
-    jumping (``_pointer_levels``) once the steps Kahn would still take, projected from its progress, cost
-    more; Kahn again to the end if that does not settle (and always for a cycle, whose message names what
-    Kahn never reached)."""
+    jumping (``_pointer_levels``) once the steps Kahn would still take, projected from its last probe's
+    nodes per step, cost more; Kahn again to the end if that does not settle (and always for a cycle, whose
+    message names what Kahn never reached)."""
     kahn = _Kahn(num_children, parent_ptr, parent_idx)
     num_nodes = num_children.shape[0]
+    before = 0
     while not kahn.run(_KAHN_PROBE):
-        remaining = num_nodes - kahn.done
-        if kahn.step * remaining > share * num_nodes * max(kahn.done, 1):
+        remaining, rate = num_nodes - kahn.done, max(kahn.done - before, 1)  # nodes per _KAHN_PROBE steps
+        before = kahn.done
+        if _KAHN_PROBE * remaining > share * num_nodes * rate:
             level = _pointer_levels(child_ptr, child_idx, _POINTER_ROUNDS)
             if level is not None:
                 return level
