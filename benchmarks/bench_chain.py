@@ -119,9 +119,27 @@ def chain_cases(module: Any, shapes: list[tuple[int, int]], rng: np.random.Gener
         got = model(forest, x=x)["h"]
         error = float(np.abs(got - expected).max() / np.abs(expected).max())
         cases.append(
-            {"T": T, "B": B, "forest": forest, "x": x, "tx": tx, "gh": gh, "tgh": tgh, "error": error, "model": model}
-        )
+            {"T": T, "B": B, "forest": forest, "x": x, "tx": tx, "gh": gh, "tgh": tgh, "error": error, "model": model,
+             "threads": shape_threads(model, forest)}
+        )  # fmt: skip
     return [dict(case, lstm=lstm) for case in cases]
+
+
+def shape_threads(model: Any, forest: Forest) -> tuple[int, int]:
+    """The threads the library chooses for a forward and a backward of this forest by its shape alone (no
+    load cap): what the quiet run uses when nothing else runs."""
+    from cortexc.runtime.linearize import linearize
+
+    before = os.environ.get("CORTEXC_ADAPT_THREADS")
+    os.environ["CORTEXC_ADAPT_THREADS"] = "0"
+    try:
+        executor, lin = model._executor_for_device(), linearize(forest)
+        return executor.call_threads(lin), executor.call_threads(lin, backward=True)
+    finally:
+        if before is None:
+            os.environ.pop("CORTEXC_ADAPT_THREADS")
+        else:
+            os.environ["CORTEXC_ADAPT_THREADS"] = before
 
 
 def chain_timings(case: dict[str, Any]) -> dict[str, float]:
@@ -215,6 +233,7 @@ def main() -> None:
     print("-" * len(header))
     for case, q, ld in zip(cases, quiet, loaded):
         row: dict[str, Any] = {"T": case["T"], "B": case["B"], "max_rel_err": case["error"], "quiet": q, "loaded": ld}
+        row["threads_fwd_bwd"] = list(case["threads"])
         results["chain"].append(row)
         for what in ("fwd", "train"):
             cx, th = q[f"cortexc_{what}"], q[f"torch_{what}"]
@@ -224,6 +243,10 @@ def main() -> None:
                 line += f" | {lcx:>9.3f} {lth:>9.3f} {lth / lcx:>7.2f}x {lcx / cx:>6.2f}x {lth / th:>6.2f}x"
             print(line)
     print("max relative error of h vs torch: " + ", ".join(f"{c['error']:.1e}" for c in cases))
+    print(
+        "cortexc threads by shape (fwd/bwd; one while another process is runnable): "
+        + ", ".join(f"{c['T']}x{c['B']} {c['threads'][0]}/{c['threads'][1]}" for c in cases)
+    )
 
     if ARGS.baseline is not None:
         print(f"\nthis driver vs the baseline's ({ARGS.baseline}), same runtime and forests; ms per call")

@@ -25,6 +25,7 @@ from tests.helpers import EXAMPLES, REPO, compare_backward, random_inputs, relat
 CELLS = {
     "dagrnn": ("dagrnn.cell", {"X": 12, "H": 20}),
     "binary_treelstm": ("binary_treelstm.cell", {"V": 40, "X": 12, "H": 10, "C": 3}),
+    "lstm": ("lstm.cell", {"X": 7, "H": 9}),
 }
 
 #: run in a fresh process: builds the forest and inputs from a seed, runs forward + backward `runs`
@@ -92,6 +93,7 @@ def packages(tmp_path_factory):
 def _digests(package: str, cache: str, threads: int, seed: int, runs: int) -> list[str]:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), CORTEXC_CACHE=cache, PYTHONPATH=str(REPO))
     env.pop("CORTEXC_NUM_THREADS", None)
+    env["CORTEXC_ADAPT_THREADS"] = "0"  # exactly these threads, whatever else runs
     done = subprocess.run(
         [sys.executable, "-c", WORKER, package, str(seed), str(runs)], env=env, capture_output=True, text=True
     )
@@ -99,7 +101,7 @@ def _digests(package: str, cache: str, threads: int, seed: int, runs: int) -> li
     return json.loads(done.stdout.strip().splitlines()[-1])["digests"]
 
 
-@pytest.mark.parametrize("key", sorted(CELLS))
+@pytest.mark.parametrize("key", ["binary_treelstm", "dagrnn"])
 def test_forward_and_backward_are_bitwise_equal_run_to_run_and_across_thread_counts(key, packages, rng):
     package, cache = packages[key]
     seed = int(rng.integers(0, 2**31))
@@ -108,6 +110,60 @@ def test_forward_and_backward_are_bitwise_equal_run_to_run_and_across_thread_cou
     one = _digests(package, cache, 1, seed, runs=1)
     three = _digests(package, cache, 3, seed, runs=1)
     assert one[0] == two[0] == three[0], f"{key}: 1, 2 and 3 threads differ"
+
+
+#: run in a fresh process: chain forests of T steps x B chains on either side of the per-call thread choice
+#: (levels of 16 rows run alone, of 17 are shared; 220 shared rows are too few, 300 enough); prints, per
+#: forest, the threads the library chose for the forward and the backward and a digest of all results
+CHAINS_WORKER = r"""
+import hashlib, json, sys
+from pathlib import Path
+import numpy as np
+from cortexc import Forest
+from cortexc.runtime.linearize import linearize
+from cortexc.runtime.loader import import_package
+
+package, seed = sys.argv[1], int(sys.argv[2])
+module = import_package(Path(package))
+model = module.LSTM(device="cpu", seed=seed)
+rng = np.random.default_rng(seed)
+rows = []
+for T, B in ((40, 16), (40, 17), (6, 20), (8, 20)):
+    forest = Forest.concat([Forest.from_parents(np.append(np.arange(1, T), -1))] * B)
+    x = rng.standard_normal((forest.num_nodes, 7)).astype(np.float32)
+    out = model(forest, grad=True, x=x)
+    grads = model.backward(out, {"h": rng.standard_normal(out["h"].shape).astype(np.float32)})
+    h = hashlib.sha256()
+    for name in sorted(out):
+        h.update(np.ascontiguousarray(out[name]).tobytes())
+    for name in sorted(grads):
+        h.update(np.ascontiguousarray(grads[name]).tobytes())
+    executor = model._executor_for_device()
+    lin = linearize(forest)
+    rows.append([executor.call_threads(lin), executor.call_threads(lin, backward=True), h.hexdigest()])
+print(json.dumps(rows))
+"""
+
+
+def _chain_rows(package: str, cache: str, threads: int, seed: int) -> list[list]:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), CORTEXC_CACHE=cache, PYTHONPATH=str(REPO))
+    env.pop("CORTEXC_NUM_THREADS", None)
+    env["CORTEXC_ADAPT_THREADS"] = "0"  # exactly these threads, whatever else runs
+    done = subprocess.run(
+        [sys.executable, "-c", CHAINS_WORKER, package, str(seed)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_thread_count_chosen_per_call_changes_no_bit(packages, rng):
+    """Small calls run on one thread, larger ones on all: the results are the same bits either way."""
+    package, cache = packages["lstm"]
+    seed = int(rng.integers(0, 2**31))
+    one, two = _chain_rows(package, cache, 1, seed), _chain_rows(package, cache, 2, seed)
+    assert [row[:2] for row in one] == [[1, 1]] * 4
+    assert [row[:2] for row in two] == [[1, 1], [2, 2], [1, 1], [2, 2]]
+    assert [row[2] for row in one] == [row[2] for row in two]
 
 
 # ------------------------------------------------- the schedule against the interpreter, tiny + huge levels
@@ -171,9 +227,54 @@ print(lib.cx_num_threads(), os.environ.get("GOMP_SPINCOUNT"))
 def test_cortexc_num_threads_caps_the_threads_and_waiting_is_bounded(cap, expected, packages):
     package, cache = packages["dagrnn"]
     env = dict(os.environ, OMP_NUM_THREADS="3", CORTEXC_CACHE=cache, PYTHONPATH=str(REPO), CORTEXC_NUM_THREADS=cap)
+    env["CORTEXC_ADAPT_THREADS"] = "0"
     env.pop("GOMP_SPINCOUNT", None)
     env.pop("OMP_WAIT_POLICY", None)
     done = subprocess.run([sys.executable, "-c", THREADS_WORKER, package], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     threads, spin = done.stdout.split()
     assert (threads, spin) == (expected, "10000")
+
+
+# ------------------------------------------------- other processes' load caps the threads
+
+LOAD_WORKER = r"""
+import os, sys
+from pathlib import Path
+import numpy as np
+import cortexc.runtime.cpu as cpu
+from cortexc import Forest
+from cortexc.runtime.loader import import_package
+
+cpu.LOADAVG = sys.argv[2]
+module = import_package(Path(sys.argv[1]))
+model = getattr(module, module.__all__[0])(device="cpu", seed=0)
+model(Forest.random_dag(20, rng=0), x=np.zeros((20, 12), np.float32))
+print(model._executor_for_device().lib.cx_num_threads())
+"""
+
+
+def test_runnable_others_reads_linux_loadavg():
+    from cortexc.runtime.cpu import runnable_others
+
+    assert runnable_others(b"0.52 0.41 0.30 3/120 9999\n", 0) == 2
+    assert runnable_others(b"0.52 0.41 0.30 3/120 9999\n", 1) == 1
+    assert runnable_others(b"0.52 0.41 0.30 1/120 9999\n", 3) == 0
+    assert runnable_others(b"", 0) is None
+    assert runnable_others(b"0.1 0.2 0.3 x/4 5", 0) is None
+
+
+@pytest.mark.parametrize(("others", "adapt", "expected"), [("busy", "", 1), ("none", "", 2), ("busy", "0", 2)])
+def test_other_runnable_threads_cap_the_threads(others, adapt, expected, packages, tmp_path):
+    """With every other CPU taken a call runs on one thread; with none taken (or the check off), on all."""
+    package, cache = packages["dagrnn"]
+    runnable = (os.cpu_count() or 1) if others == "busy" else 1  # the caller itself counts as one
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text(f"1.00 1.00 1.00 {runnable}/200 12345\n")
+    env = dict(os.environ, OMP_NUM_THREADS="2", CORTEXC_CACHE=cache, PYTHONPATH=str(REPO), CORTEXC_ADAPT_THREADS=adapt)
+    env.pop("CORTEXC_NUM_THREADS", None)
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD_WORKER, package, str(loadavg)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) == (min(expected, os.cpu_count() or 1) if others == "none" else expected)

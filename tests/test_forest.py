@@ -10,6 +10,8 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cortexc.errors import ForestError
 from cortexc.runtime.forest import Forest
@@ -673,3 +675,120 @@ def test_ptb_blank_lines_are_skipped_whatever_their_whitespace(blank):
     assert forest.num_trees == 2 and forest.num_nodes == 4
     with pytest.raises(ForestError, match="line 3"):  # lines are still counted
         Forest.from_ptb(["(1 a)", blank, "(1 a"])
+
+
+# ------------------------------------------------------------------ DAG levels (Kahn, then pointer jumping)
+
+
+def reference_dag_levels(child_ptr: np.ndarray, child_idx: np.ndarray) -> list[int]:
+    """Levels by the definition, children first along an explicit-stack depth-first walk (any depth)."""
+    n = child_ptr.size - 1
+    level = [-1] * n
+    for start in range(n):
+        stack = [start]
+        while stack:
+            node = stack[-1]
+            if level[node] >= 0:
+                stack.pop()
+                continue
+            kids = child_idx[child_ptr[node] : child_ptr[node + 1]].tolist()
+            todo = [kid for kid in kids if level[kid] < 0]
+            if todo:
+                stack.extend(todo)
+            else:
+                level[node] = 1 + max((level[kid] for kid in kids), default=-1)
+                stack.pop()
+    return level
+
+
+def mixed_dag(rng: np.random.Generator, parts: int, shuffle: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Children CSR of a DAG of `parts` pieces, each reading earlier nodes: ladders (node i reads i-1 and
+    i-2, in either order), windows (k children among the w nodes before), wide layers (one node reading
+    many leaves) and shortcuts into earlier pieces; numbered children first or shuffled."""
+    kids: list[list[int]] = []
+    for _ in range(parts):
+        base, size, kind = len(kids), int(rng.integers(1, 120)), int(rng.integers(0, 4))
+        for i in range(size):
+            node = base + i
+            if kind == 0:
+                mine = [node - d for d in (1, 2) if node - d >= base]
+                mine = mine[::-1] if rng.integers(0, 2) else mine
+            elif kind == 1:
+                w = int(rng.integers(1, 8))
+                low = max(0, node - w)
+                mine = sorted(set(rng.integers(low, node, int(rng.integers(0, 4))).tolist())) if node > low else []
+            elif kind == 2:
+                mine = [] if i < size - 1 else list(range(base, node))
+            else:
+                mine = sorted(set(rng.integers(0, node, int(rng.integers(0, 3))).tolist())) if node else []
+            kids.append([int(k) for k in mine])
+    n = len(kids)
+    perm = rng.permutation(n) if shuffle else np.arange(n)  # new id of each node
+    new_kids: list[list[int]] = [[] for _ in range(n)]
+    for node, mine in enumerate(kids):
+        new_kids[perm[node]] = [int(perm[k]) for k in rng.permutation(mine).tolist()] if shuffle else mine
+    counts = np.array([len(k) for k in new_kids], dtype=np.int64)
+    ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return ptr, np.array([k for mine in new_kids for k in mine], dtype=np.int64)
+
+
+@given(seed=st.integers(0, 2**32 - 1), parts=st.integers(1, 8), shuffle=st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_dag_levels_match_the_definition_on_deep_and_wide_mixes(seed: int, parts: int, shuffle: bool) -> None:
+    """Kahn, pointer jumping alone and the switch between them (forced early) all give the definition."""
+    from cortexc.runtime.forest import _dag_levels, _pointer_levels
+
+    ptr, idx = mixed_dag(np.random.default_rng(seed), parts, shuffle)
+    expected = reference_dag_levels(ptr, idx)
+    forest = Forest(ptr, idx)
+    assert forest.level.tolist() == expected
+    pointer = _pointer_levels(ptr, idx, max_rounds=10_000)
+    assert pointer is not None and pointer.tolist() == expected
+    early = _dag_levels(ptr, idx, forest.num_children, forest.parent_ptr, forest.parent_idx, share=0.0)
+    assert early.tolist() == expected
+
+
+def ladder_dag(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Node i reads i-2 and i-1: a chain-shaped DAG as deep as it is long, every node shared."""
+    counts = np.minimum(np.arange(n), 2)
+    ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    idx = np.empty(int(ptr[-1]), np.int64)
+    idx[:1] = 0
+    i = np.arange(2, n)
+    idx[1::2], idx[2::2] = i - 2, i - 1
+    return ptr, idx
+
+
+def test_a_million_node_chain_shaped_dag_has_its_levels() -> None:
+    """A DAG as deep as it is long is leveled without a NumPy step per level (pointer jumping); not timed."""
+    n = 1_000_000
+    forest = Forest(*ladder_dag(n))
+    assert not forest.is_tree and forest.num_levels == n
+    assert np.array_equal(forest.level, np.arange(n, dtype=np.int32))
+
+
+def test_a_cycle_above_a_deep_dag_is_named() -> None:
+    """Pointer jumping cannot settle on a cycle; Kahn then names a node on it, as for a shallow DAG."""
+    from cortexc.runtime.forest import _pointer_levels
+
+    ptr, idx = ladder_dag(3000)
+    counts = np.diff(ptr)
+    counts[100] += 1  # node 100 also reads node 2000, which reads node 100 through the ladder
+    kids = np.insert(idx, ptr[101], 2000)
+    ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    assert _pointer_levels(ptr, kids, max_rounds=50) is None
+    with pytest.raises(ForestError, match="cycle through node") as info:
+        Forest(ptr, kids)
+    named = int(str(info.value).split("cycle through node ")[1].split(" ")[0])
+    assert 100 <= named <= 2000
+
+
+def test_a_deep_dag_above_a_wide_level_has_its_levels() -> None:
+    """200k leaves, then a 20k-node ladder reading the first: Kahn sees the DAG turn deep and hands over."""
+    wide, deep = 200_000, 20_000
+    ptr, idx = ladder_dag(deep)
+    counts = np.concatenate([np.zeros(wide, np.int64), np.diff(ptr)])
+    counts[wide] += 1  # the ladder's first node reads leaf 0
+    forest = Forest(np.concatenate([[0], np.cumsum(counts)]), np.concatenate([[0], idx + wide]))
+    expected = np.concatenate([np.zeros(wide, np.int32), np.arange(1, deep + 1, dtype=np.int32)])
+    assert np.array_equal(forest.level, expected)

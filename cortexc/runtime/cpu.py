@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,60 @@ def thread_cap() -> int:
     """`CORTEXC_NUM_THREADS` as a positive int, or 0 (no cap of ours) when unset or not a positive int."""
     text = os.environ.get(THREADS_VARIABLE, "").strip()
     return int(text) if text.isdigit() and int(text) > 0 else 0
+
+
+#: "0" turns off the cap by other processes' load below (for measurements and tests of exact thread counts)
+ADAPT_VARIABLE = "CORTEXC_ADAPT_THREADS"
+#: where Linux shows how many threads are runnable right now (the 4th field of /proc/loadavg: "runnable/total")
+LOADAVG = "/proc/loadavg"
+#: how long the OpenMP workers of a call may still spin after it (GOMP_SPINCOUNT spins), runnable but ours
+SPIN_WINDOW_S = 0.002
+
+
+def runnable_others(loadavg: bytes, own_spinning: int) -> int | None:
+    """Threads runnable besides the caller and `own_spinning` workers of ours, from /proc/loadavg's text
+    (None when it does not read as Linux writes it)."""
+    fields = loadavg.split()
+    if len(fields) < 4 or not fields[3].split(b"/")[0].isdigit():
+        return None
+    return max(0, int(fields[3].split(b"/")[0]) - 1 - own_spinning)
+
+
+class _Machine:
+    """Whether other processes take cores now: a call runs on at most the CPUs the others leave free, so a
+    busy neighbour turns a call to one thread instead of making every level barrier wait a time slice for
+    a thread that has no core. Read per call (one pread of /proc/loadavg, ~1 us); where that file does not
+    exist nothing is capped. A worker of our previous call still spinning counts as ours, not as load."""
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        self.opened = False
+        self.last_end = 0.0
+        self.last_threads = 1
+
+    def free_cpus(self) -> int:
+        """CPUs not taken by other runnable threads (at least 1), or 0 when unknown."""
+        if not self.opened:
+            self.opened = True
+            try:
+                self.fd = os.open(LOADAVG, os.O_RDONLY)
+            except OSError:
+                self.fd = None
+        if self.fd is None:
+            return 0
+        try:
+            text = os.pread(self.fd, 128, 0)
+        except OSError:
+            return 0
+        spinning = self.last_threads - 1 if time.monotonic() - self.last_end < SPIN_WINDOW_S else 0
+        others = runnable_others(text, spinning)
+        return 0 if others is None else max(1, (os.cpu_count() or 1) - others)
+
+    def ended(self, threads: int) -> None:
+        self.last_end, self.last_threads = time.monotonic(), max(threads, 1)
+
+
+MACHINE = _Machine()
 
 
 def _pointers(arrays: Sequence[np.ndarray | None]) -> Any:
@@ -91,21 +146,41 @@ class CpuExecutor:
         if hasattr(self.lib, "cx_set_num_threads"):
             self.lib.cx_set_num_threads.argtypes = [ctypes.c_int]
             self.lib.cx_set_num_threads.restype = None
+        if hasattr(self.lib, "cx_call_threads"):
+            self.lib.cx_call_threads.argtypes = [ctypes.POINTER(CxCall), ctypes.c_int]
+            self.lib.cx_call_threads.restype = ctypes.c_int
 
-    def _set_threads(self) -> None:
+    def _set_threads(self) -> int:
+        """Cap the library's threads: `CORTEXC_NUM_THREADS` and the CPUs other processes leave free (the
+        library then takes its own choice per call below that and `OMP_NUM_THREADS`); the cap, 0 for none."""
+        adapt = os.environ.get(ADAPT_VARIABLE, "").strip() != "0"
+        caps = [n for n in (thread_cap(), MACHINE.free_cpus() if adapt else 0) if n > 0]
+        limit = min(caps) if caps else 0
         if hasattr(self.lib, "cx_set_num_threads"):
-            self.lib.cx_set_num_threads(thread_cap())
+            self.lib.cx_set_num_threads(limit)
+        return limit
+
+    def call_threads(self, lin: Linearized, backward: bool = False) -> int:
+        """The threads the compiled code runs a forward (or backward) of this forest on: its own choice from
+        the forest's shape (`cx_call_threads`), under `OMP_NUM_THREADS` and `CORTEXC_NUM_THREADS`."""
+        self._set_threads()
+        call, _tables = self._call(lin, [], [], [], [], [], [])
+        return int(self.lib.cx_call_threads(ctypes.byref(call), int(backward)))
 
     def _launch_forward(self, call: ctypes.Structure, lin: Linearized) -> None:
-        self._set_threads()
-        if self.lib.cx_forward(ctypes.byref(call)) != 0:
+        limit = self._set_threads()
+        failed = self.lib.cx_forward(ctypes.byref(call)) != 0
+        MACHINE.ended(limit or (os.cpu_count() or 1))
+        if failed:
             raise CortexcError("the compiled forward could not allocate its scratch memory")
 
     def _launch_backward(
         self, call: ctypes.Structure, grad: ctypes.Structure, lin: Linearized, upstream_mask: int
     ) -> None:
-        self._set_threads()
-        if self.lib.cx_backward(ctypes.byref(call), ctypes.byref(grad)) != 0:
+        limit = self._set_threads()
+        failed = self.lib.cx_backward(ctypes.byref(call), ctypes.byref(grad)) != 0
+        MACHINE.ended(limit or (os.cpu_count() or 1))
+        if failed:
             raise CortexcError("the compiled backward could not allocate its scratch memory")
 
     def set_params(self, params: Mapping[str, np.ndarray]) -> None:

@@ -59,29 +59,126 @@ def _as_index_array(values: Any, what: str) -> np.ndarray:
     return np.array(array, dtype=np.int64, copy=True)
 
 
-def _kahn_levels(num_children: np.ndarray, parent_ptr: np.ndarray, parent_idx: np.ndarray) -> np.ndarray:
-    """Levels by Kahn's algorithm, one NumPy step per level.
+class _Kahn:
+    """Levels by Kahn's algorithm, one NumPy step per level, resumable (``run`` takes a step budget).
 
-    A node is ready once all its children are done; the nodes made ready at
-    step k have level k (their last child finished at step k-1, so k is one
-    more than their highest child). Nodes on or above a cycle never become
-    ready and keep level -1.
+    A node is ready once all its children are done; the nodes made ready at step k have level k (their last
+    child finished at step k-1, so k is one more than their highest child). Nodes on or above a cycle never
+    become ready and keep level -1.
     """
+
+    def __init__(self, num_children: np.ndarray, parent_ptr: np.ndarray, parent_idx: np.ndarray):
+        self.parent_ptr, self.parent_idx = parent_ptr, parent_idx
+        self.level = np.full(num_children.shape[0], -1, dtype=np.int32)
+        self.pending = num_children.astype(np.int64, copy=True)
+        self.frontier = np.flatnonzero(self.pending == 0)
+        self.step = 0
+        self.done = 0
+
+    def run(self, budget: int | None = None) -> bool:
+        """Up to ``budget`` steps (all when None); True once no node can become ready any more."""
+        steps = 0
+        while self.frontier.size and (budget is None or steps < budget):
+            self.level[self.frontier] = self.step
+            self.done += self.frontier.size
+            readers = gather_segments(self.parent_ptr, self.parent_idx, self.frontier)
+            self.step += 1
+            steps += 1
+            if readers.size == 0:
+                self.frontier = readers
+                break
+            touched, hits = np.unique(readers, return_counts=True)
+            self.pending[touched] -= hits
+            self.frontier = touched[self.pending[touched] == 0]
+        return self.frontier.size == 0
+
+
+def _path_lengths(point: np.ndarray) -> np.ndarray | None:
+    """Each node's number of steps along ``point`` (-1: the path ends) by pointer jumping, ~log2(length)
+    NumPy passes; None when some path never ends (the pointers have a cycle)."""
+    n = point.size
+    jump = np.empty(n + 1, np.int32 if n < 2**31 - 2 else np.int64)  # node n: the end, pointing at itself
+    jump[:n] = np.where(point < 0, n, point)
+    jump[n] = n
+    dist = np.ones(n + 1, np.int32)
+    dist[:n][point < 0] = 0
+    dist[n] = 0
+    for _ in range(n.bit_length() + 1):
+        if bool((jump == n).all()):
+            return dist[:n]
+        dist += dist[jump]
+        jump = jump[jump]
+    return None
+
+
+def _pointer_levels(child_ptr: np.ndarray, child_idx: np.ndarray, max_rounds: int) -> np.ndarray | None:
+    """DAG levels by guessing each node's deepest child and pointer jumping along the guesses.
+
+    Following one child per node, ``_path_lengths`` gives every node the length of a real path down to a
+    node without children: a lower bound of its level. A node whose highest child is above that bound
+    points at that child next round. The bounds only grow (by induction along the new pointers) and stop
+    exactly at the levels (level = 1 + highest child), each round ~log2(depth) passes over the nodes, so a
+    deep DAG costs a few such rounds instead of one NumPy step per level. The first guess is the child of
+    highest index (the deepest one when nodes are numbered children first, as every reader here does).
+    None when ``max_rounds`` do not settle it or the pointers close a cycle (the caller falls back to Kahn).
+    """
+    num_nodes = child_ptr.size - 1
+    num_children = np.diff(child_ptr)
+    internal = np.flatnonzero(num_children > 0)
+    if internal.size == 0:
+        return np.zeros(num_nodes, np.int32)
+    starts = child_ptr[:-1][internal]
+    owner = np.repeat(np.arange(internal.size), num_children[internal])  # edge -> its internal node
+    point = np.full(num_nodes, -1, np.int64)
+    point[internal] = np.maximum.reduceat(child_idx, starts)
+    for _ in range(max_rounds):
+        bound = _path_lengths(point)
+        if bound is None:
+            return None
+        below = bound[child_idx]
+        highest = np.maximum.reduceat(below, starts)
+        short = highest + 1 > bound[internal]
+        if not bool(short.any()):
+            return bound
+        deeper = np.flatnonzero(short[owner] & (below == highest[owner]))
+        point[internal[owner[deeper]]] = child_idx[deeper]  # one of the highest children (the last listed)
+    return None
+
+
+#: Kahn steps before a DAG's depth is judged, and between judgements
+_KAHN_PROBE = 64
+#: a Kahn step (~25 us) against a node of pointer jumping (~0.5 us a round, a few rounds): pointer jumping
+#: once the projected remaining steps exceed this share of the nodes
+_POINTER_SHARE = 0.02
+#: pointer rounds before falling back to Kahn (a cycle, or guesses that settle slowly)
+_POINTER_ROUNDS = 16
+
+
+def _dag_levels(
+    child_ptr: np.ndarray,
+    child_idx: np.ndarray,
+    num_children: np.ndarray,
+    parent_ptr: np.ndarray,
+    parent_idx: np.ndarray,
+    share: float = _POINTER_SHARE,
+) -> np.ndarray:
+    """Levels of a DAG (-1 on or above a cycle): Kahn's algorithm while the DAG looks shallow, pointer
+    jumping (``_pointer_levels``) once the steps Kahn would still take, projected from its last probe's
+    nodes per step, cost more; Kahn again to the end if that does not settle (and always for a cycle, whose
+    message names what Kahn never reached)."""
+    kahn = _Kahn(num_children, parent_ptr, parent_idx)
     num_nodes = num_children.shape[0]
-    level = np.full(num_nodes, -1, dtype=np.int32)
-    pending = num_children.astype(np.int64, copy=True)
-    frontier = np.flatnonzero(pending == 0)
-    step = 0
-    while frontier.size:
-        level[frontier] = step
-        readers = gather_segments(parent_ptr, parent_idx, frontier)
-        if readers.size == 0:
+    before = 0
+    while not kahn.run(_KAHN_PROBE):
+        remaining, rate = num_nodes - kahn.done, max(kahn.done - before, 1)  # nodes per _KAHN_PROBE steps
+        before = kahn.done
+        if _KAHN_PROBE * remaining > share * num_nodes * rate:
+            level = _pointer_levels(child_ptr, child_idx, _POINTER_ROUNDS)
+            if level is not None:
+                return level
+            kahn.run()
             break
-        touched, hits = np.unique(readers, return_counts=True)
-        pending[touched] -= hits
-        frontier = touched[pending[touched] == 0]
-        step += 1
-    return level
+    return kahn.level
 
 
 def _tree_levels(parents: np.ndarray) -> np.ndarray | None:
@@ -218,7 +315,7 @@ class Forest:
         if level is None and (num_nodes == 0 or num_parents.max() <= 1):
             level = _tree_levels(parents)
         if level is None:
-            level = _kahn_levels(num_children, parent_ptr, parent_idx)
+            level = _dag_levels(child_ptr, child_idx, num_children, parent_ptr, parent_idx)
             unfinished = np.flatnonzero(level < 0)
             if unfinished.size:
                 raise ForestError(_cycle_message(int(unfinished[0]), level, child_ptr, child_idx, names))
