@@ -1,9 +1,11 @@
 """Train the binary Tree-LSTM on SST through `cortexc.torch.CellModule` and `torch.optim`.
 
 Tai et al. (2015)'s settings: H=150, Adagrad lr 0.05 (the embedding at lr 0.1, its own param group,
-sparse gradients), weight decay 1e-4 on the other params, batches of 25 trees, loss on every node.
-Dropout is not in the `.cell` language yet, so the read-out has none (`train()`/`eval()` change
-nothing). Dev and test root accuracy per epoch; the best `state_dict` is saved.
+sparse gradients on one process), weight decay 1e-4 on the other params, batches of 25 trees, loss on
+every node, dropout 0.5 on the hidden state before the read-out (examples/sst_treelstm.cell:
+`W_s @ dropout(h, 0.5)`). `module.train()` switches that dropout on for the training steps (each step's
+masks seeded from torch's default generator, so `--seed` reproduces a run); dev and test root accuracy
+are measured in `module.eval()` after every epoch, and the best `state_dict` (by dev) is saved.
 
     python examples/train_sst_torch.py --limit 300 --epochs 2 --hidden 32
     python examples/train_sst_torch.py --ddp 2          # 2 processes on gloo (or run it under torchrun)
@@ -21,7 +23,8 @@ import torch
 import torch.distributed as dist
 
 import cortexc
-from cortexc import Forest, Vocab
+from cortexc import Forest, InputError, Vocab
+from cortexc.runtime.model import CellModel
 from cortexc.torch import CellModule, ForestBatch
 
 HERE = Path(__file__).resolve().parent
@@ -29,8 +32,17 @@ SST = Path(os.environ.get("CORTEXC_SST_DIR", HERE.parent.parent / "shared" / "da
 
 
 def read_trees(path: Path, limit: int | None) -> list[Forest]:
-    trees = [Forest.from_ptb(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return trees[:limit] if limit else trees
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [Forest.from_ptb(line) for line in (lines[:limit] if limit else lines)]
+
+
+def the_cell(package: object, path: Path) -> type[CellModel]:
+    """The one cell class of a compiled `.cell` file (a file of several is refused)."""
+    cells = [value for value in vars(package).values() if isinstance(value, type) and issubclass(value, CellModel)]
+    cells = [cls for cls in cells if cls is not CellModel]
+    if len(cells) != 1:
+        raise InputError(f"{path}: expected one cell, found {len(cells)} ({', '.join(c.__name__ for c in cells)})")
+    return cells[0]
 
 
 def root_accuracy(cell: CellModule, trees: list[Forest], vocab: Vocab) -> float:
@@ -52,7 +64,8 @@ def run(rank: int, world: int, args: argparse.Namespace) -> None:
     )
     vocab = Vocab.build(train, min_count=1)
     package = cortexc.load(args.cell, V=len(vocab), X=args.embed, H=args.hidden, C=5)
-    cell = CellModule(package.BinaryTreeLSTM, seed=args.seed, sparse=world == 1)
+    torch.manual_seed(args.seed * world + rank)  # the dropout masks' seeds: reproducible, each rank its own
+    cell = CellModule(the_cell(package, args.cell), seed=args.seed, sparse=world == 1)
     model = torch.nn.parallel.DistributedDataParallel(cell) if world > 1 else cell
     embedding = [cell.E]
     others = [p for name, p in cell.named_parameters() if name != "E"]
@@ -66,7 +79,7 @@ def run(rank: int, world: int, args: argparse.Namespace) -> None:
     except ImportError:  # pragma: no cover - tqdm is optional
         tqdm = None
     for epoch in range(1, args.epochs + 1):
-        cell.train()
+        cell.train()  # dropout on
         order = rng.permutation(len(train))
         steps = range(0, len(order), args.batch * world)
         bar = tqdm(steps, desc=f"epoch {epoch}", disable=rank != 0) if tqdm else steps
@@ -81,7 +94,7 @@ def run(rank: int, world: int, args: argparse.Namespace) -> None:
             loss.backward()
             optimizer.step()
         if rank == 0:
-            cell.eval()
+            cell.eval()  # dropout off
             dev_acc, test_acc = root_accuracy(cell, dev, vocab), root_accuracy(cell, test, vocab)
             print(
                 f"epoch {epoch}: loss {loss.item():.4f} dev root acc {dev_acc:.4f} test root acc {test_acc:.4f}",
@@ -98,7 +111,7 @@ def run(rank: int, world: int, args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cell", type=Path, default=HERE / "binary_treelstm.cell")
+    parser.add_argument("--cell", type=Path, default=HERE / "sst_treelstm.cell")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--limit", type=int, default=None, help="the first N train trees")
     parser.add_argument("--eval-limit", type=int, default=None, help="the first N dev and test trees")

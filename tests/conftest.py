@@ -105,6 +105,8 @@ SLOW = {
     "test_dropout.py::test_p_zero_is_the_identity_in_train_mode",  # a second package
     "test_dropout.py::test_masks_are_the_contract_s_bitwise_on_every_device[cuda-emu]",
     "test_torch.py::test_opcheck_and_compile_with_dropout_in_training_mode",
+    "test_torch.py::test_the_train_sst_torch_example_trains_in_train_mode_evaluates_in_eval_mode",  # SST, a build
+    "test_torch.py::test_the_train_sst_torch_example_trains_on_two_ddp_ranks",  # two processes importing torch
 }
 
 

@@ -217,6 +217,7 @@ EXAMPLE_CASES = {
     "attn_treelstm.cell": ({"X": 4, "H": 3}, "tree"),
     "lstm.cell": ({"X": 4, "H": 3}, "chain"),
     "treelstm_dropout.cell": ({"V": 6, "X": 4, "H": 3, "C": 5}, "binary"),  # evaluation mode
+    "sst_treelstm.cell": ({"V": 6, "X": 4, "H": 3, "C": 5}, "binary"),  # evaluation mode
 }
 
 

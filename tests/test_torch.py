@@ -563,3 +563,70 @@ def test_opcheck_and_compile_with_dropout_in_training_mode(dropout_cell, rng):
     torch.manual_seed(3)
     assert torch.equal(out["logits"], module(batch, word=torch.as_tensor(word))["logits"])
     assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+# ------------------------------------------------------------------------------- examples/train_sst_torch.py
+SMALL_RUN = ["--limit", "50", "--eval-limit", "12", "--epochs", "2", "--hidden", "6", "--embed", "5"]
+
+
+def _sst_torch_example():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_sst_torch_example", EXAMPLES / "train_sst_torch.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example
+
+
+def test_the_train_sst_torch_example_trains_in_train_mode_evaluates_in_eval_mode(tmp_path, monkeypatch, capsys):
+    """Two epochs of two steps on 50 SST trees: every training step runs the cell's read-out dropout
+    (training mode, with a gradient), every dev/test evaluation runs in evaluation mode under no_grad;
+    the best state_dict is saved under the .cell names and reproduces the best dev accuracy printed."""
+    from tests.helpers import sst_path
+
+    sst_path("train")
+    example = _sst_torch_example()
+    calls = []
+    forward = CellModule.forward
+
+    def spy(self, batch, **inputs):
+        calls.append((self.training, torch.is_grad_enabled(), self.runner.dropout_sites))
+        return forward(self, batch, **inputs)
+
+    monkeypatch.setattr(CellModule, "forward", spy)
+    save = tmp_path / "best.pt"
+    assert example.main([*SMALL_RUN, "--save", str(save)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("test root acc") == 2
+    assert calls[:2] == [(True, True, 1)] * 2  # epoch 1: two steps of 25 trees, dropout on
+    assert calls[2:4] == [(False, False, 1)] * 2  # dev, test: dropout off, no graph
+    assert calls[4:] == calls[:4]  # epoch 2
+    best = float(printed.split("best dev root accuracy ")[1].split(";")[0])
+    state = torch.load(save)
+    train = example.read_trees(example.SST / "train.txt", 50)
+    vocab = cortexc.Vocab.build(train, min_count=1)
+    cls = cortexc.load(EXAMPLES / "sst_treelstm.cell", V=len(vocab), X=5, H=6, C=5).SSTTreeLSTM
+    assert list(state) == [p.name for p in cls.signature.params]
+    module = CellModule(cls)
+    assert not torch.equal(state["W_s"], module.W_s.detach())  # trained, not the init
+    module.load_state_dict(state)
+    module.eval()
+    dev = example.read_trees(example.SST / "dev.txt", 12)
+    assert abs(example.root_accuracy(module, dev, vocab) - best) < 1e-4
+
+
+def test_the_train_sst_torch_example_trains_on_two_ddp_ranks(tmp_path):
+    """`--ddp 2`: two gloo processes on 127.0.0.1 train one epoch; rank 0 reports and saves."""
+    from tests.helpers import sst_path
+    from tests.test_torch_ddp import _free_port
+
+    sst_path("train")
+    env = {**_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    save = tmp_path / "best.pt"
+    small = ["--limit", "50", "--eval-limit", "12", "--epochs", "1", "--hidden", "6", "--embed", "5"]
+    command = [sys.executable, str(EXAMPLES / "train_sst_torch.py"), *small, "--ddp", "2", "--save", str(save)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("test root acc") == 1 and "best dev root accuracy" in done.stdout
+    assert list(torch.load(save)) == ["E", "W_iou", "b_iou", "U_iou", "U_f", "b_f", "W_s", "b_s"]
