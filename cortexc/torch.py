@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from cortexc.errors import CortexcError, InputError
+from cortexc.errors import CortexcError, ForestError, InputError
 from cortexc.runtime.cpu import CpuExecutor
 from cortexc.runtime.device import DeviceExecutor, DeviceParams
 from cortexc.runtime.forest import Forest
@@ -138,12 +138,15 @@ class _Runner:
             self.executor = executor
         self.packed: DeviceParams | None = None  # a device runner's packed weights
         self.spec = cls._spec
+        self.signature = cls.signature
         abi = self.spec["abi"]
         self.params: list[str] = list(abi["params"])
         self.inputs: list[str] = list(abi["inputs"])
         self.states: list[str] = list(abi["states"])
         index = {i["name"] for i in self.spec["inputs"] if i["dtype"] == "int32"}
         self.float_inputs = [position for position, name in enumerate(self.inputs) if name not in index]
+        ranges = {i["name"]: i["index_range"] for i in self.spec["inputs"] if i["dtype"] == "int32"}
+        self.index_ranges = {position: ranges[name] for position, name in enumerate(self.inputs) if name in ranges}
         self.packed_positions = sorted(
             {self.params.index(p) for weight in self.spec["packed"] for p in weight["params"]}
         )
@@ -196,6 +199,47 @@ def _view(tensor: Tensor) -> np.ndarray:
     return np.ascontiguousarray(tensor.detach().numpy(), dtype=np.float32)
 
 
+def _kernel_inputs(runner: _Runner, inputs: Sequence[Tensor], check: bool) -> list[Tensor]:
+    """The inputs as the kernels read them (index inputs as int32, each detached and contiguous). With
+    `check`, every index is first checked against its range on the integers given: a compiled graph skips
+    `CellModule._check`, and the kernels must never read outside a table (a typed error instead)."""
+    kernel_inputs = []
+    for position, value in enumerate(inputs):
+        bound = runner.index_ranges.get(position)
+        if bound is not None:
+            if check:
+                bad = torch.nonzero((value < 0) | (value >= bound)).flatten()
+                if bad.numel():
+                    name, node = runner.inputs[position], int(bad[0])
+                    raise InputError(
+                        f"input {name}: node {node} has index {int(value[node])}, outside "
+                        f"[0, {bound}) ({bad.numel()} nodes out of range)"
+                    )
+            value = value.to(torch.int32)
+        kernel_inputs.append(value.detach().contiguous())
+    return kernel_inputs
+
+
+def _check_linearized(runner: _Runner, lin: Linearized) -> None:
+    """The forest's structure against the cell, from the linearised arrays (what a compiled graph still
+    checks): no node with more children than a fixed arity, no shared child for a tree cell."""
+    sig = runner.signature
+    counts = np.diff(lin.edge_ptr)
+    if sig.arity is not None and lin.max_children > sig.arity:
+        position = int(np.flatnonzero(counts > sig.arity)[0])
+        raise ForestError(
+            f"node {int(lin.level_order[position])} has {int(counts[position])} children but cell {sig.name}'s "
+            f"arity is {sig.arity}"
+        )
+    if not sig.structure.shares_children and len(lin.edge_child):
+        readers = np.bincount(lin.edge_child, minlength=lin.num_nodes)
+        if readers.max() > 1:
+            raise ForestError(
+                f"node {int(np.argmax(readers))} has {int(readers.max())} parents; cell {sig.name} is on a tree, "
+                "not a dag"
+            )
+
+
 # ------------------------------------------------------------------------------------------------ the ops
 @torch.library.custom_op("cortexc::cell_forward", mutates_args=())
 def cell_forward(
@@ -218,10 +262,11 @@ def cell_forward(
     results = _forward_shapes(runner, params, level_order, roots, internal, fake=False)
     states, hoisted, outputs = _split(runner, results)
     lin = _linearized(level_order, level_ptr, edge_ptr, edge_child, roots)
+    _check_linearized(runner, lin)
+    inputs = _kernel_inputs(runner, inputs, check=True)
     if isinstance(runner.executor, DeviceExecutor):
         runner.check_stream(results[0] if results else level_order)
         params = [p.detach().contiguous() for p in params]  # kept alive (and contiguous) through the call
-        inputs = [i.detach().contiguous() for i in inputs]
         arrays = {
             "params": _addresses(params),
             "inputs": _addresses(inputs),
@@ -235,7 +280,7 @@ def cell_forward(
     runner.executor.run_forward(
         lin,
         [_view(p) for p in params],
-        [np.ascontiguousarray(i.detach().numpy()) for i in inputs],
+        [i.numpy() for i in inputs],
         [s.numpy() for s in states],
         [h.numpy() for h in hoisted],
         [o.numpy() for o in outputs],
@@ -340,7 +385,7 @@ def cell_backward(
     runner.executor.run_backward(
         lin,
         [_view(p) for p in params],
-        [np.ascontiguousarray(i.detach().numpy()) for i in inputs],
+        [i.numpy() for i in _kernel_inputs(runner, inputs, check=False)],
         [_view(s) for s in states],
         [_view(h) for h in hoisted],
         grads,
@@ -373,7 +418,7 @@ def _device_backward(
     lin = _linearized(level_order, level_ptr, edge_ptr, edge_child, roots)
     kept = [
         [p.detach().contiguous() for p in params],
-        [i.detach().contiguous() for i in inputs],
+        _kernel_inputs(runner, inputs, check=False),
         [s.detach().contiguous() for s in states],
         [h.detach().contiguous() for h in hoisted],
     ]
@@ -545,9 +590,8 @@ class CellModule(nn.Module):
         converted = {}
         for decl in self.signature.inputs:
             value = inputs[decl.name]
-            converted[decl.name] = (
-                value.to(torch.int32).contiguous() if decl.is_index else value.to(torch.float32).contiguous()
-            )
+            # index inputs as given (the op checks their range, then makes them int32); float ones as float32
+            converted[decl.name] = value.contiguous() if decl.is_index else value.to(torch.float32).contiguous()
         if self.sparse and eager:
             for embedding in self.signature.embeddings:
                 position = runner.params.index(embedding.param)

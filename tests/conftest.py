@@ -107,6 +107,8 @@ SLOW = {
     "test_torch.py::test_opcheck_and_compile_with_dropout_in_training_mode",
     "test_torch.py::test_the_train_sst_torch_example_trains_in_train_mode_evaluates_in_eval_mode",  # SST, a build
     "test_torch.py::test_the_train_sst_torch_example_trains_on_two_ddp_ranks",  # two processes importing torch
+    "test_torch.py::test_the_cuda_host_path_reads_and_writes_torch_s_tensors_in_place",  # the emulated CUDA build
+    "test_torch.py::test_import_cortexc_and_the_numpy_api_never_import_torch",  # a subprocess
 }
 
 

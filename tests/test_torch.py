@@ -285,6 +285,22 @@ def _env():
     return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 
 
+def test_import_cortexc_and_the_numpy_api_never_import_torch(binary, rng):
+    """torch is an optional extra: importing cortexc, loading a built package and running a model (forward,
+    backward) in a fresh process leave torch unimported."""
+    script = (
+        "import sys, numpy as np, cortexc\n"
+        "from cortexc.runtime.model import cell_class\n"
+        f"model = cell_class({str(binary._package)!r}, 'BinaryTreeLSTM')(device='cpu', seed=0)\n"
+        "forest = cortexc.Forest.from_parents([2, 2, -1])\n"
+        "out = model(forest, grad=True, word=np.array([1, 2, 0]))\n"
+        "model.backward(out, {'logits': np.ones_like(out['logits'])})\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_env())
+    assert done.returncode == 0, done.stderr
+
+
 def test_a_numpy_model_pickles_and_deep_copies(binary, rng):
     model = binary(device="cpu", seed=1)
     model.load_params({"W_s": rng.standard_normal(model.params["W_s"].shape).astype(np.float32)})
@@ -334,6 +350,56 @@ def test_bad_forests_and_inputs_give_typed_errors(binary, rng):
     wide = Forest.from_parents([-1, 0, 0, 0])
     with pytest.raises(cortexc.ForestError):
         module(wide, word=torch.zeros(4, dtype=torch.long))
+    with pytest.raises(InputError, match="has no input 'wrd'"):
+        module(forest, word=torch.as_tensor(word), wrd=torch.as_tensor(word))
+    with pytest.raises(InputError, match="is on meta"):
+        module(forest, word=torch.as_tensor(word).to("meta"))
+    with pytest.raises(InputError, match="expected a cortexc.torch.ForestBatch"):
+        module([forest], word=torch.as_tensor(word))
+    with pytest.raises(InputError, match="expects a cortexc.Forest"):
+        ForestBatch.from_forest(np.zeros(3))
+
+
+def test_a_float_input_of_another_dtype_is_converted_and_integers_refused(childsum, rng):
+    module = CellModule(childsum)
+    forest = Forest.random(2, rng=rng, max_nodes=8)
+    x = rng.standard_normal((forest.num_nodes, CHILDSUM["X"]))
+    batch = ForestBatch.from_forest(forest)
+    assert batch.roots.dtype == torch.long and batch.roots.tolist() == list(forest.roots)
+    as_float32 = module(batch, x=torch.from_numpy(x.astype(np.float32)))
+    as_float64 = module(batch, x=torch.from_numpy(x))
+    assert as_float64["h"].dtype == torch.float32 and torch.equal(as_float64["h"], as_float32["h"])
+    with pytest.raises(InputError, match="must be float32"):
+        module(batch, x=torch.zeros((forest.num_nodes, CHILDSUM["X"]), dtype=torch.int64))
+    with pytest.raises(InputError, match="must have shape"):
+        module(batch, x=torch.zeros((forest.num_nodes, CHILDSUM["X"] + 1)))
+
+
+def test_a_compiled_module_still_gives_typed_errors_for_bad_indices_and_forests(binary, rng):
+    """A compiled graph skips `CellModule._check`; the op itself refuses an index out of its table's range
+    (also one that int32 would wrap into range), a node with too many children and a shared child."""
+    torch._dynamo.reset()
+    module = CellModule(binary)
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+    forest, word = binary_case(rng)
+    assert torch.equal(
+        compiled(ForestBatch.from_forest(forest), word=torch.as_tensor(word))["logits"],
+        module(forest, word=torch.as_tensor(word))["logits"],
+    )
+    for bad_value in (BINARY["V"], -1, 2**32 + 1):
+        bad = torch.as_tensor(word).clone()
+        bad[3] = bad_value
+        with pytest.raises(InputError, match=f"node 3 has index {bad_value}, outside"):
+            compiled(ForestBatch.from_forest(forest), word=bad)
+    wide = Forest.concat([forest, Forest.from_parents([3, 3, 3, -1])])
+    with pytest.raises(cortexc.ForestError, match="has 3 children but cell BinaryTreeLSTM's arity is 2"):
+        compiled(ForestBatch.from_forest(wide), word=torch.zeros(wide.num_nodes, dtype=torch.long))
+    shared = Forest(np.array([0, 0, 0, 2, 4]), np.array([0, 1, 0, 1]))  # nodes 2 and 3 both read 0 and 1
+    with pytest.raises(cortexc.ForestError, match="parents; cell BinaryTreeLSTM is on a tree"):
+        compiled(
+            ForestBatch.from_forest(Forest.concat([forest, shared])),
+            word=torch.zeros(forest.num_nodes + 4, dtype=torch.long),
+        )
 
 
 def test_the_numpy_api_refuses_a_tensor_that_requires_grad(childsum, rng):
@@ -436,6 +502,44 @@ def test_the_cuda_host_path_matches_the_cpu_module(binary, childsum, rng, sparse
         assert _RUNNERS[handle].backend == "cuda-emu" and _RUNNERS[handle].repacks == 2  # once per step
 
 
+def test_the_cuda_host_path_reads_and_writes_torch_s_tensors_in_place(childsum, rng, monkeypatch):
+    """Device tensors in and out without a copy: the addresses the host path hands the kernels are the
+    params', the float input's and the results' own (torch allocates the results), forward and backward."""
+    module = CellModule(childsum, seed=1).use_backend("cuda-emu")
+    forest = Forest.random(3, rng=rng, max_children=3, max_nodes=9)
+    x = torch.from_numpy(rng.standard_normal((forest.num_nodes, CHILDSUM["X"])).astype(np.float32))
+    x.requires_grad_(True)
+    module(forest, x=x)  # makes the cuda-emu runner
+    from cortexc.torch import _RUNNERS
+
+    (handle,) = module._device_handles.values()
+    executor = _RUNNERS[handle].executor
+    seen = {}
+    forward_at, backward_at = executor.run_forward_at, executor.run_backward_at
+
+    def spy_forward(lin, packed, arrays, dropout):
+        seen["forward"] = {k: list(v) for k, v in arrays.items()}
+        return forward_at(lin, packed, arrays, dropout)
+
+    def spy_backward(lin, packed, arrays, grads, dropout):
+        seen["backward"] = {k: list(v) for k, v in arrays.items()}
+        seen["grads"] = {k: list(v) for k, v in grads.items()}
+        return backward_at(lin, packed, arrays, grads, dropout)
+
+    monkeypatch.setattr(executor, "run_forward_at", spy_forward)
+    monkeypatch.setattr(executor, "run_backward_at", spy_backward)
+    out = module(forest, x=x)
+    params = [getattr(module, name) for name in module.runner.params]
+    states = [out[name] for name in module.runner.states]
+    assert seen["forward"]["params"] == [p.data_ptr() for p in params]
+    assert seen["forward"]["inputs"] == [x.data_ptr()]
+    assert seen["forward"]["states"] == [s.data_ptr() for s in states]
+    (out["h"] * 2).sum().backward()
+    assert seen["backward"]["inputs"] == [x.data_ptr()] and seen["backward"]["states"] == seen["forward"]["states"]
+    assert len(seen["grads"]["d_params"]) == len(params) and all(seen["grads"]["d_params"])
+    assert seen["grads"]["d_inputs"] == [x.grad.data_ptr()]  # torch's gradient is the kernels' array
+
+
 def test_the_cuda_runner_takes_torchs_arch_needs_no_pycuda_and_checks_the_stream(binary, rng, monkeypatch):
     """The runner `.to("cuda")` makes: the arch from torch (nvcc's -arch), no PyCUDA imported, torch's
     current stream must be the default one; here nvcc is replaced by the emulator build and the op runs
@@ -465,8 +569,11 @@ def test_the_cuda_runner_takes_torchs_arch_needs_no_pycuda_and_checks_the_stream
         forest, word = binary_case(rng)
         batch = ForestBatch.from_forest(forest)
         params = [getattr(module, name) for name in runner.params]
-        got = cell_forward(handle, params, [torch.as_tensor(word, dtype=torch.int32)], *batch.tensors())
-        expected = cell_forward(module._handle, params, [torch.as_tensor(word, dtype=torch.int32)], *batch.tensors())
+        mode = (False, torch.zeros((), dtype=torch.int64))  # evaluation mode
+        got = cell_forward(handle, params, [torch.as_tensor(word, dtype=torch.int32)], *batch.tensors(), *mode)
+        expected = cell_forward(
+            module._handle, params, [torch.as_tensor(word, dtype=torch.int32)], *batch.tensors(), *mode
+        )
         for a, b in zip(got, expected):
             assert relative_error(a.detach().numpy(), b.detach().numpy()) < 1e-5
     finally:
