@@ -24,8 +24,13 @@ Two parts:
      Adagrad update in float32 NumPy, in place (`cortexc.train.Adagrad` computes
      in float64 and allocates new arrays: on the dense ``[V, X]`` embedding it is
      most of a step);
+   - ``cortexc_sparse``: ``cortexc`` with the embedding's gradient as `SparseRows`
+     (``model.backward(..., sparse=True)``), which `cortexc.train.Adagrad` applies to the looked-up
+     rows only: the native path at its best, the one the torch path's overhead is stated against;
    - ``cortexc_torch``: the torch path, `cortexc.torch.CellModule` with a sparse embedding
      gradient, ``F.cross_entropy`` and ``torch.optim.Adagrad`` (the same kernels in an autograd graph);
+     the time its forward spends packing the GEMM weights again after each optimizer step (a param's
+     version changed) is timed as ``repack``;
    - ``torch_per_node``: recursive PyTorch autograd (`train_peers.TorchPerNodeTrain`),
      on only ``--per-node-batches`` batches (it is slow);
    - ``torch_level_batched``: PyTorch autograd level by level
@@ -85,13 +90,14 @@ import cortexc  # noqa: E402
 from benchmarks.train_peers import TorchLevelBatchedTrain, TorchPerNodeTrain  # noqa: E402
 from cortexc.runtime.forest import Forest  # noqa: E402
 from cortexc.runtime.vocab import Vocab  # noqa: E402
-from cortexc.train import Adagrad, softmax_cross_entropy  # noqa: E402
+from cortexc.train import Adagrad, SparseRows, softmax_cross_entropy  # noqa: E402
 
 CELL = REPO / "examples" / "binary_treelstm.cell"
 DROPOUT_CELL = REPO / "examples" / "treelstm_dropout.cell"
 SST_DIR = Path(os.environ.get("CORTEXC_SST_DIR", REPO.parent / "shared" / "data" / "sst"))
-IMPLS = ("cortexc", "cortexc_f32adagrad", "cortexc_torch", "torch_per_node", "torch_level_batched")
-CORTEXC_IMPLS = ("cortexc", "cortexc_f32adagrad")
+IMPLS = ("cortexc", "cortexc_f32adagrad", "cortexc_sparse", "cortexc_torch", "torch_per_node", "torch_level_batched")
+CORTEXC_IMPLS = ("cortexc", "cortexc_f32adagrad")  # the ratio columns of the table
+NATIVE_IMPLS = ("cortexc", "cortexc_f32adagrad", "cortexc_sparse")  # `CortexcTrainer`
 NUM_CLASSES = 5
 GRAD_RTOL = 1e-4  # normwise relative gradient error above which a param is flagged
 
@@ -174,7 +180,8 @@ class CortexcTrainer:
         self.name = name
         self.model = module.BinaryTreeLSTM(device="cpu", seed=0)
         self.model.load_params(params)
-        self.opt = Adagrad(lr) if name == "cortexc" else Float32Adagrad(params, lr)
+        self.opt = Float32Adagrad(params, lr) if name == "cortexc_f32adagrad" else Adagrad(lr)
+        self.sparse = name == "cortexc_sparse"
 
     def _update(self, grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if isinstance(self.opt, Adagrad):
@@ -189,7 +196,8 @@ class CortexcTrainer:
     def grads(self, batch: Batch) -> dict[str, np.ndarray]:
         out = self.model(batch.forest, grad=True, word=batch.ids)
         _, d_logits = softmax_cross_entropy(out["logits"], batch.labels)
-        return self.model.backward(out, {"logits": d_logits})
+        grads = self.model.backward(out, {"logits": d_logits}, sparse=self.sparse)
+        return {name: g.to_dense() if isinstance(g, SparseRows) else g for name, g in grads.items()}
 
     def step(self, batch: Batch, timings: dict[str, float]) -> float:
         t0 = time.perf_counter()
@@ -197,7 +205,7 @@ class CortexcTrainer:
         t1 = time.perf_counter()
         loss, d_logits = softmax_cross_entropy(out["logits"], batch.labels)
         t2 = time.perf_counter()
-        grads = self.model.backward(out, {"logits": d_logits})
+        grads = self.model.backward(out, {"logits": d_logits}, sparse=self.sparse)
         t3 = time.perf_counter()
         self.model.load_params(self._update(grads))
         t4 = time.perf_counter()
@@ -220,6 +228,15 @@ class CellModuleTrainer:
         self.net = CellModule(module.BinaryTreeLSTM, seed=0, sparse=True)
         self.net.load_state_dict({key: torch.from_numpy(np.array(value)) for key, value in params.items()})
         self.opt = torch.optim.Adagrad(self.net.parameters(), lr=lr)
+        executor, self.repack_s = self.net.runner.executor, [0.0]
+        repack = executor.repack
+
+        def timed_repack(params: Any) -> None:  # the forward's `_Runner.prepare` after a param changed
+            start = time.perf_counter()
+            repack(params)
+            self.repack_s[0] += time.perf_counter() - start
+
+        executor.repack = timed_repack  # type: ignore[method-assign]
 
     def _loss(self, batch: Batch) -> torch.Tensor:
         out = self.net(batch.forest, word=torch.from_numpy(batch.ids))
@@ -243,6 +260,7 @@ class CellModuleTrainer:
 
     def step(self, batch: Batch, timings: dict[str, float]) -> float:
         t0 = time.perf_counter()
+        repacked = self.repack_s[0]
         self.opt.zero_grad(set_to_none=True)
         loss = self._loss(batch)
         t1 = time.perf_counter()
@@ -250,9 +268,10 @@ class CellModuleTrainer:
         t2 = time.perf_counter()
         self.opt.step()
         t3 = time.perf_counter()
+        timings["repack"] = timings.get("repack", 0.0) + self.repack_s[0] - repacked
         for key, seconds in (("forward", t1 - t0), ("backward", t2 - t1), ("optimizer", t3 - t2)):
             timings[key] = timings.get(key, 0.0) + seconds
-        return float(loss)
+        return float(loss.detach())
 
     def root_logits(self, batch: Batch) -> np.ndarray:
         with torch.no_grad():
@@ -283,7 +302,7 @@ class TorchTrainer:
 
 
 def make_trainer(name: str, module: Any, params: dict[str, np.ndarray], lr: float):
-    if name in CORTEXC_IMPLS:
+    if name in NATIVE_IMPLS:
         return CortexcTrainer(name, module, params, lr)
     if name == "cortexc_torch":
         return CellModuleTrainer(name, module, params, lr)
@@ -306,7 +325,7 @@ def check_grads(module: Any, params: dict[str, np.ndarray], lr: float, batch: Ba
     """Per param, the relative error of each torch peer's gradient against cortexc's on one batch."""
     ref = make_trainer("cortexc_f32adagrad", module, params, lr).grads(batch)
     errors = {}
-    for name in ("cortexc_torch", "torch_level_batched", "torch_per_node"):
+    for name in ("cortexc_sparse", "cortexc_torch", "torch_level_batched", "torch_per_node"):
         got = make_trainer(name, module, params, lr).grads(batch)
         errors[name] = {param: rel_err(got[param], ref[param]) for param in ref}
     return errors
@@ -505,6 +524,15 @@ def print_report(result: dict[str, Any]) -> None:
         f"({tp['cortexc']['ms_per_batch'].get('loss', 0.0):.2f} ms); "
         "cortexc opt includes load_params; torch prep is the NumPy index preparation)"
     )
+    path = result["torch_path"]
+    print(
+        f"\ntorch path (cortexc_torch) vs native (cortexc_sparse), time per tree, median / best: "
+        f"{path['overhead_median']:.3f} / {path['overhead_best']:.3f} (goal <= 1.10); "
+        f"vs level-batched {path['vs_level_batched_median']:.2f} / {path['vs_level_batched_best']:.2f} (goal >= 2); "
+        f"vs per node {path['vs_per_node_median']:.1f} / {path['vs_per_node_best']:.1f} (goal >= 20)\n"
+        f"packing the GEMM weights again after each optimizer step: {path['repack_ms_per_step']:.2f} ms per step "
+        f"({100 * path['repack_fraction']:.1f}% of the torch path's step)"
+    )
     if result.get("accuracy"):
         print()
         acc = result["accuracy"]
@@ -553,7 +581,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--accuracy-impls",
         nargs="+",
-        choices=["cortexc", "cortexc_f32adagrad", "cortexc_torch", "torch_level_batched"],
+        choices=["cortexc", "cortexc_f32adagrad", "cortexc_sparse", "cortexc_torch", "torch_level_batched"],
         default=["cortexc", "cortexc_f32adagrad", "torch_level_batched"],
         help="what the accuracy part trains",
     )
@@ -672,6 +700,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name in IMPLS
             if name != mine
         },
+    }
+
+    torch_path, native = throughput["cortexc_torch"], throughput["cortexc_sparse"]
+    result["torch_path"] = {
+        "overhead_median": native["trees_per_s"] / torch_path["trees_per_s"],
+        "overhead_best": native["best_trees_per_s"] / torch_path["best_trees_per_s"],
+        **{
+            f"vs_{peer}_{kind}": torch_path[key] / throughput[f"torch_{peer}"][key]
+            for peer in ("level_batched", "per_node")
+            for kind, key in (("median", "trees_per_s"), ("best", "best_trees_per_s"))
+        },
+        "repack_ms_per_step": torch_path["ms_per_batch"]["repack"],
+        "repack_fraction": torch_path["ms_per_batch"]["repack"] * 1e-3 * torch_path["batches"] / torch_path["seconds"],
     }
 
     # Part 2: accuracy, cortexc and level-batched torch trained identically.
