@@ -13,6 +13,7 @@ import pytest
 import cortexc
 from cortexc import Forest
 from cortexc.cli import main
+from cortexc.runtime import philox
 
 # ------------------------------------------------------------------ child_softmax at large finite scores
 #: the score is a per-child value plus a per-node one: before the fix the C and CUDA step evaluated the
@@ -108,3 +109,79 @@ def test_a_subscript_of_a_non_vector_says_what_v_k_needs(body, col, fragment, tm
     assert fragment in first, err
     assert caret.index("^") == col - 1 and echoed == _cell(body).splitlines()[5], err
     assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------ sites: a leaf block, two cells, outputs
+#: the sites of A: leaf 0, node 1 2 3, outputs 4 5 (text order); B counts its own from 0. x holds powers
+#: of two, b too, and the node block's scales are 2 and 4, so every sum is exact and compared bitwise
+TWO_CELLS = """
+cell A on tree {
+    dim X = 3, H = 3
+    input x[X]
+    param b[H]
+    state h[H]
+    leaf { h = dropout(x, 1 / 2) }
+    node { h = dropout(x, 0.5) + sum(dropout(child.h, 1 - 1 / (H + 1))) + dropout(b, 0.5 * 3 / 2) }
+    output y[H] at root = dropout(h, 1 / H)
+    output z[H] = dropout(h * 2, 0.5)
+}
+cell B on tree {
+    dim X = 3, H = 3
+    input x[X]
+    state h[H]
+    node { h = dropout(x, 0.5) + sum(child.h) }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def two_cells(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sites") / "two.cell"
+    path.write_text(TWO_CELLS, encoding="utf-8")
+    return cortexc.load(path, out_dir=path.parent / "pkg")
+
+
+def _scaled_mask(seed: int, site: int, p: float, node: int, slot: int) -> np.ndarray:
+    return np.where(philox.keep_mask(seed, site, p, node, slot, np.arange(3)), philox.scale(p), np.float32(0))
+
+
+def _expected_two_cells(forest: Forest, x: np.ndarray, b: np.ndarray, seed: int) -> dict[str, np.ndarray]:
+    """A's and B's results from the contract's formula alone, one node at a time."""
+    h: dict[int, np.ndarray] = {}
+    g: dict[int, np.ndarray] = {}
+    for n in forest.level_order.tolist():
+        kids = [int(k) for k in forest.children(n)]
+        if kids:
+            v = x[n] * _scaled_mask(seed, 1, 0.5, n, 0) + b * _scaled_mask(seed, 3, 0.75, n, 0)
+            for i, k in enumerate(kids):
+                v = v + h[k] * _scaled_mask(seed, 2, 0.75, n, 1 + i)
+            h[n] = v
+        else:
+            h[n] = x[n] * _scaled_mask(seed, 0, 0.5, n, 0)
+        g[n] = x[n] * _scaled_mask(seed, 0, 0.5, n, 0) + sum((g[k] for k in kids), np.zeros(3, np.float32))
+    states = np.stack([h[n] for n in range(forest.num_nodes)])
+    return {
+        "A.h": states,
+        "A.y": np.stack([states[r] * _scaled_mask(seed, 4, 1 / 3, int(r), 0) for r in forest.roots]),
+        "A.z": np.stack([states[n] * 2 * _scaled_mask(seed, 5, 0.5, n, 0) for n in range(forest.num_nodes)]),
+        "B.h": np.stack([g[n] for n in range(forest.num_nodes)]),
+    }
+
+
+@pytest.mark.parametrize("device", ["interp", "cpu", "cuda-emu"])
+@pytest.mark.parametrize("seed", [0, 2**32 - 1, 2**32, 2**32 + 5, 2**64 - 1, "random"])
+def test_sites_count_per_cell_across_leaf_node_and_outputs(two_cells, device, seed, rng):
+    """The contract's sites, node ids (an `at root` output's n is the root's id) and key words (seeds at the
+    2^32 boundary: low word 0 or all ones), bitwise against `keep_mask`."""
+    seed = int(rng.integers(0, 2**64, dtype=np.uint64)) if seed == "random" else seed
+    forest = Forest.concat([Forest.random(4, rng, max_children=3, max_nodes=9), Forest.from_nested([[]])])
+    x = np.exp2(rng.integers(-2, 3, (forest.num_nodes, 3))).astype(np.float32)
+    a, b = two_cells.A(device=device), two_cells.B(device=device)
+    a.load_params({"b": np.exp2(rng.integers(-2, 3, 3)).astype(np.float32)})
+    expected = _expected_two_cells(forest, x, a.params["b"], seed)
+    out_a = a(forest, train=True, dropout_seed=seed, x=x)
+    out_b = b(forest, train=True, dropout_seed=seed, x=x)
+    got = {"A.h": out_a["h"], "A.y": out_a["y"], "A.z": out_a["z"], "B.h": out_b["h"]}
+    for key, value in expected.items():
+        np.testing.assert_array_equal(got[key], value, err_msg=f"{device} {key}")
+    assert (got["A.h"] == 0).any() and (got["A.h"] != 0).any()
