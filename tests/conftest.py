@@ -106,6 +106,7 @@ SLOW = {
     "test_dropout.py::test_masks_are_the_contract_s_bitwise_on_every_device[cuda-emu]",
     "test_torch.py::test_opcheck_and_compile_with_dropout_in_training_mode",
     # the v2 audit: the emulated CUDA builds of its cells
+    "test_language_v2_audit.py::test_the_train_sst_example_trains_the_dropout_cell_in_training_mode",  # SST, a build
     "test_language_v2_audit.py::test_child_softmax_of_large_finite_scores_is_finite_and_sums_to_one[cuda-emu]",
     *(
         f"test_language_v2_audit.py::test_sites_count_per_cell_across_leaf_node_and_outputs[{seed}-cuda-emu]"

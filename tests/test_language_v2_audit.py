@@ -185,3 +185,41 @@ def test_sites_count_per_cell_across_leaf_node_and_outputs(two_cells, device, se
     for key, value in expected.items():
         np.testing.assert_array_equal(got[key], value, err_msg=f"{device} {key}")
     assert (got["A.h"] == 0).any() and (got["A.h"] != 0).any()
+
+
+# ------------------------------------------------------------------ the SST example trains the dropout cell
+def test_the_train_sst_example_trains_the_dropout_cell_in_training_mode(tmp_path, monkeypatch):
+    """examples/train_sst.py --cell examples/treelstm_dropout.cell: before the fix it asked the module for
+    `BinaryTreeLSTM` (an AttributeError) and its steps ran in evaluation mode (no dropout at all). Now every
+    step is a training-mode call with a seed of its own and every evaluation an evaluation-mode one."""
+    import importlib.util
+
+    from tests.helpers import EXAMPLES, sst_path
+
+    spec = importlib.util.spec_from_file_location("train_sst_example", EXAMPLES / "train_sst.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    calls: list[tuple[bool, int | None]] = []
+    load = example.cortexc.load
+
+    def recording_load(*args, **kwargs):
+        module = load(*args, **kwargs)
+        cls = module.DropoutTreeLSTM
+        call = cls.__call__
+
+        def recorded(self, forest, *a, **kw):
+            out = call(self, forest, *a, **kw)
+            calls.append((kw.get("train", False), out.dropout_seed))
+            return out
+
+        monkeypatch.setattr(cls, "__call__", recorded)
+        return module
+
+    monkeypatch.setattr(example.cortexc, "load", recording_load)
+    small = ["--limit", "20", "--dev-limit", "10", "--epochs", "1", "--steps", "3", "--hidden", "4", "--embed", "3"]
+    data = ["--train", str(sst_path("train")), "--dev", str(sst_path("dev")), "--batch", "5"]
+    assert example.main([*small, *data, "--cell", str(EXAMPLES / "treelstm_dropout.cell")]) == 0
+    steps = [seed for train, seed in calls if train]
+    assert len(steps) == 3 and len(set(steps)) == 3 and all(isinstance(s, int) for s in steps)
+    assert [seed for train, seed in calls if not train] and all(seed is None for train, seed in calls if not train)
