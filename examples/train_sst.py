@@ -7,7 +7,10 @@ vocabulary of every train word (others map to <unk>). The compiled forward and b
 sparse gradient, so the Adagrad step touches only the rows a batch looked up. After each epoch, the
 loss and root accuracy on dev. With ``--out DIR``, the params of the best epoch (by dev root
 accuracy) go to DIR/params.npz, the vocabulary to DIR/vocab.json and one JSON line per epoch to
-DIR/log.jsonl; without it nothing is written.
+DIR/log.jsonl; without it nothing is written. ``--cell`` trains another SST cell with the same dims and
+`logits` (its first cell), e.g. examples/treelstm_dropout.cell: the training steps run in training mode
+(`model(..., train=True)`: its dropout masks on, a seed per step from the model's generator), the
+evaluation in evaluation mode.
 
     python examples/train_sst.py --limit 300 --epochs 2 --hidden 32
     python examples/train_sst.py --out runs/sst         # the full settings, outputs in runs/sst/
@@ -146,11 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"writing params.npz, vocab.json and log.jsonl to {args.out}/", flush=True)
 
     module = cortexc.load(args.cell, V=len(vocab), X=args.embed, H=args.hidden, C=5)
-    model = module.BinaryTreeLSTM(device=args.device, seed=args.seed)
+    name = module.__all__[0]  # the file's first cell (BinaryTreeLSTM, DropoutTreeLSTM, ...)
+    model = getattr(module, name)(device=args.device, seed=args.seed)
     count = sum(value.size for value in model.params.values())
-    print(
-        f"BinaryTreeLSTM V={len(vocab)} X={args.embed} H={args.hidden} on {args.device}: {count:,} params", flush=True
-    )
+    print(f"{name} V={len(vocab)} X={args.embed} H={args.hidden} on {args.device}: {count:,} params", flush=True)
     opt = Adagrad(args.lr)
     rng = np.random.default_rng(args.seed)
 
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         for step, forest in enumerate(train.batches(args.batch, rng)):
             if step == steps:
                 break
-            out = model(forest, grad=True, word=vocab.encode(forest))
+            out = model(forest, grad=True, train=True, word=vocab.encode(forest))  # dropout on (if any)
             loss, d_logits = softmax_cross_entropy(out["logits"], forest.labels)
             grads = model.backward(out, {"logits": d_logits}, sparse=True)
             model.load_params(opt.step(model.params, grads))

@@ -475,6 +475,10 @@ def _index(scope: _Scope, expr: ast.Index) -> int | None:
     )
     if table is not None and len(_value(scope, table).shape) == 1 and not looks_up:
         return _subscript(scope, expr, table)
+    if table is not None and not looks_up and not _is_param_matrix(_value(scope, table)):
+        # a constant (or other non-index) subscript of a scalar, a computed matrix or an index input:
+        # say what v[k] needs rather than what a look-up needs
+        return _subscript(scope, expr, table)
     row = _expr(scope, expr.index)
     if table is None or row is None:
         return None
@@ -505,6 +509,14 @@ def _subscript(scope: _Scope, expr: ast.Index, base: int) -> int | None:
     if v.dtype == DType.I32:
         scope.sink.report(
             f"'{_text(expr.base)}' is an index input: it can only select a row of a param, as E[{_text(expr.base)}]",
+            expr_loc(expr.base),
+        )
+        return None
+    if len(v.shape) != 1:
+        what = "a scalar" if not v.shape else f"a {fmt_shape(v.shape)} matrix"
+        scope.sink.report(
+            f"{_text(expr)}: a subscript v[k] takes one element of a vector, but {_operand_text(expr.base)} is "
+            f"{what} (only a param matrix has rows to look up, with an index input: E[word])",
             expr_loc(expr.base),
         )
         return None
@@ -587,3 +599,8 @@ _HANDLERS: dict[type[ast.Expr], Callable[[_Scope, Any], int | None]] = {
     ast.ChildAll: _child_all,
     ast.ChildAt: _child_at,
 }
+
+
+def _is_param_matrix(v: Value) -> bool:
+    """What `E[word]` can look a row up in."""
+    return v.op == Op.PARAM and len(v.shape) == 2
