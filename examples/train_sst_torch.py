@@ -52,7 +52,7 @@ def root_accuracy(cell: CellModule, trees: list[Forest], vocab: Vocab) -> float:
             forest = Forest.concat(trees[start : start + 256])
             logits = cell(forest, word=torch.as_tensor(vocab.encode(forest)))["logits"]
             roots = torch.as_tensor(np.asarray(forest.roots))
-            hits += int((logits[roots].argmax(1) == torch.as_tensor(forest.labels).long()[roots]).sum())
+            hits += int((logits[roots].argmax(1) == torch.tensor(forest.labels, dtype=torch.long)[roots]).sum())
     return hits / max(len(trees), 1)
 
 
@@ -89,7 +89,7 @@ def run(rank: int, world: int, args: argparse.Namespace) -> None:
                 mine = order[start : start + args.batch]  # a short last step: every rank takes a part
             forest = Forest.concat([train[i] for i in mine])
             out = model(ForestBatch.from_forest(forest), word=torch.as_tensor(vocab.encode(forest)))
-            loss = torch.nn.functional.cross_entropy(out["logits"], torch.as_tensor(forest.labels).long())
+            loss = torch.nn.functional.cross_entropy(out["logits"], torch.tensor(forest.labels, dtype=torch.long))
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

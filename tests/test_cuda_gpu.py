@@ -280,7 +280,7 @@ for shard in steps:
     forest, word, labels = shard[rank]
     optimizer.zero_grad()
     logits = ddp(forest, word=torch.as_tensor(word).to(device))["logits"]
-    roots = torch.as_tensor(forest.roots).to(device)
+    roots = torch.tensor(forest.roots).to(device)
     torch.nn.functional.cross_entropy(logits[roots], torch.as_tensor(labels).to(device)).backward()
     optimizer.step()
     history.append({k: v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()})
@@ -357,7 +357,7 @@ def test_ddp_on_two_gpus_over_nccl_matches_one_process(packages, rng, tmp_path):
         for forest, word, labels in shard:
             reference.zero_grad()
             logits = reference(forest, word=torch.as_tensor(word))["logits"]
-            roots = torch.as_tensor(forest.roots)
+            roots = torch.tensor(forest.roots)
             torch.nn.functional.cross_entropy(logits[roots], torch.as_tensor(labels)).backward()
             grads.append({k: p.grad.clone() for k, p in reference.named_parameters()})
         for name, p in reference.named_parameters():

@@ -45,7 +45,7 @@ for shard in steps:
     forest, word, labels = shard[rank]
     optimizer.zero_grad()
     logits = ddp(forest, word=torch.as_tensor(word))["logits"]
-    torch.nn.functional.cross_entropy(logits[torch.as_tensor(forest.roots)], torch.as_tensor(labels)).backward()
+    torch.nn.functional.cross_entropy(logits[torch.tensor(forest.roots)], torch.tensor(labels)).backward()
     optimizer.step()
     history.append({k: v.detach().numpy().copy() for k, v in module.state_dict().items()})
 with open(out, "wb") as file:
@@ -106,7 +106,7 @@ def test_ddp_on_two_gloo_ranks_matches_one_process_with_averaged_gradients(rng, 
         for forest, word, labels in shard:
             reference.zero_grad()
             logits = reference(forest, word=torch.as_tensor(word))["logits"]
-            torch.nn.functional.cross_entropy(logits[torch.as_tensor(forest.roots)], torch.as_tensor(labels)).backward()
+            torch.nn.functional.cross_entropy(logits[torch.tensor(forest.roots)], torch.tensor(labels)).backward()
             grads.append({k: p.grad.clone() for k, p in reference.named_parameters()})
         for name, p in reference.named_parameters():
             p.grad = (grads[0][name] + grads[1][name]) / 2
