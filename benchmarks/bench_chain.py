@@ -172,8 +172,16 @@ def baseline_package(source: Path, cell: str, defines: dict[str, int], out: Path
         f"print(write_package(p.read_text(), p.name, {str(out)!r}, CompileOptions.make(defines={defines!r})))"
     )
     env = dict(os.environ, PYTHONPATH=str(source))
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    return Path(done.stdout.strip().splitlines()[-1])
+    # run from the baseline checkout: `python -c` puts the working directory first on sys.path, so from this
+    # repository's root it would import this tree's cortexc, not the baseline's
+    done = subprocess.run(
+        [sys.executable, "-c", code + "; print(cortexc.__file__)"], env=env, capture_output=True, text=True,
+        check=True, cwd=source,
+    )  # fmt: skip
+    *_, package, used = done.stdout.strip().splitlines()
+    if not Path(used).resolve().is_relative_to(source.resolve()):
+        raise SystemExit(f"the baseline package was compiled by {used}, not by {source}")
+    return Path(package)
 
 
 def driver_cases(rng: np.random.Generator) -> list[tuple[str, str, dict[str, int], Forest]]:

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -278,3 +279,28 @@ def test_other_runnable_threads_cap_the_threads(others, adapt, expected, package
     )
     assert done.returncode == 0, done.stderr
     assert int(done.stdout.split()[-1]) == (min(expected, os.cpu_count() or 1) if others == "none" else expected)
+
+
+def test_reused_call_scratch_changes_no_bit(packages, rng):
+    """The executor reuses the hoisted rows' buffers between calls (runtime.cpu._Scratch): a large call,
+    then smaller and larger ones, on one model give the same bits as a fresh model on each forest, and a
+    backward after an inference (and after a larger backward) sees zeroed gradient rows, and an inference
+    between a forward and its backward does not touch the rows that forward kept."""
+    from cortexc.runtime.loader import import_package
+
+    module = import_package(Path(packages["lstm"][0]))
+    cls = getattr(module, module.__all__[0])
+    forests = [_chain(700), Forest.concat([_chain(5)] * 9), _chain(1), Forest.concat([_chain(300)] * 4)]
+    reused = cls(device="cpu", seed=3)
+    for forest in forests:
+        x = rng.standard_normal((forest.num_nodes, 7)).astype("float32")
+        upstream = {"h": rng.standard_normal((forest.num_nodes, 9)).astype("float32")}
+        fresh = cls(device="cpu", seed=3)
+        want_h = fresh(forest, x=x)["h"]
+        want_g = fresh.backward(fresh(forest, grad=True, x=x), upstream)
+        got_h = reused(forest, x=x)["h"]
+        kept = reused(forest, grad=True, x=x)
+        reused(forests[0], x=rng.standard_normal((forests[0].num_nodes, 7)).astype("float32"))  # in between
+        got_g = reused.backward(kept, upstream)
+        assert (got_h == want_h).all()
+        assert got_g.keys() == want_g.keys() and all((got_g[k] == want_g[k]).all() for k in want_g)

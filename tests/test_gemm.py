@@ -27,6 +27,20 @@ int t_mr(void) { return CX_MR; }
 size_t t_packed_size(int M, int K) { return cx_packed_size(M, K); }
 void t_pack(const float *W, int M, int K, int ldw, float *packed) { cx_pack(W, M, K, ldw, packed); }
 
+/* acc[M][K] += sum_r A[ia[r]][:M] outer B[ib[r]][:K] (cx_gemm_tn_acc, the weight gradient of a tile). */
+void t_gemm_tn(int rows, const float *A, int lda, const int *ia, const float *B, int ldb, const int *ib, int M,
+               int K, float *acc)
+{
+    const float **a = malloc(sizeof(*a) * (rows > 0 ? rows : 1)), **b = malloc(sizeof(*b) * (rows > 0 ? rows : 1));
+    for (int r = 0; r < rows; r++) {
+        a[r] = A + (size_t)ia[r] * lda;
+        b[r] = B + (size_t)ib[r] * ldb;
+    }
+    cx_gemm_tn_acc(rows, a, M, b, K, acc);
+    free(a);
+    free(b);
+}
+
 /* Row r of the product reads A + idx[r]*lda, or the shared zero row when idx[r] < 0 (a fused gather).
    p0 < 0: all panels through cx_gemm_rows_all.  threads > 1: split rows (split=0) or panels (split=1)
    with OpenMP, the way generated kernels do. */
@@ -74,7 +88,7 @@ BUILDS = [
 
 def render(nr: int, mr: int) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined)
-    return env.get_template("gemm.h.j2").render(nr=nr, mr=mr)
+    return env.get_template("gemm.h.j2").render(nr=nr, mr=mr) + env.get_template("gemm_tn.h.j2").render()
 
 
 class Kernel:
@@ -89,6 +103,8 @@ class Kernel:
         lib.t_pack.argtypes = [fp, i, i, i, fp]
         lib.t_gemm.restype = None
         lib.t_gemm.argtypes = [i, fp, i, ip, fp, i, fp, i, i, i, fp, i, i, i, i]
+        lib.t_gemm_tn.restype = None
+        lib.t_gemm_tn.argtypes = [i, fp, i, ip, fp, i, ip, i, i, fp]
         self.lib = lib
         self.nr = lib.t_nr()
         self.mr = lib.t_mr()
@@ -100,6 +116,16 @@ class Kernel:
         packed = np.full(self.lib.t_packed_size(M, K), np.nan, np.float32)
         self.lib.t_pack(_fp(W), M, K, W.strides[0] // 4, _fp(packed))
         return packed
+
+    def gemm_tn(self, A, ia, B, ib, acc) -> None:
+        """acc (+)= gather(A, ia)[:, :M].T @ gather(B, ib)[:, :K], M, K = acc.shape (acc contiguous)."""
+        assert acc.flags.c_contiguous and A.strides[1] == 4 and B.strides[1] == 4
+        ia, ib = (np.ascontiguousarray(x, np.int32) for x in (ia, ib))
+        ip = ctypes.POINTER(ctypes.c_int)
+        self.lib.t_gemm_tn(
+            len(ia), _fp(A), _ld(A), ia.ctypes.data_as(ip), _fp(B), _ld(B), ib.ctypes.data_as(ip),
+            acc.shape[0], acc.shape[1], _fp(acc),
+        )  # fmt: skip
 
     def gemm(self, A, idx, packed, M, K, c, acc, p0=-1, p1=-1, threads=1, split=0) -> None:
         """c[r, :M] (+)= gather(A, idx)[r] @ W.T; c may be a column slice of a wider (padded) array."""
@@ -223,7 +249,7 @@ def test_gemm_matches_numpy(kernel, M_kind, acc, rng):
     for K in (1, 3, 300):
         W = rng.standard_normal((M, K)).astype(np.float32)
         packed = kernel.pack(W)
-        for rows in sorted({0, 1, max(mr - 1, 0), mr, mr + 1, 2 * mr, 37}):
+        for rows in sorted({0, 1, 2, 3, max(mr - 1, 0), mr, mr + 1, 10, 2 * mr, 37}):  # every tile height
             A, idx = gathered(rng, rows, K)
             pad = 3  # ldc > M: the padding columns must stay untouched
             c = rng.standard_normal((rows, M + pad)).astype(np.float32)
@@ -294,3 +320,21 @@ def test_level_batch_shape(kernel, rng):
     c = np.full((rows, M), np.nan, np.float32)
     kernel.gemm(A, idx, packed, M, K, c, 0)
     check_close(c, reference(A, idx, W, c, 0), "256x600x1280")
+
+
+@pytest.mark.parametrize("M", [1, 7, 8, 9, 40, 256])
+def test_gemm_tn_matches_numpy(kernel, M, rng):
+    """The weight-gradient kernel over every block shape: K of 1..4 panels and a tail, M off the block height."""
+    nr = kernel.nr
+    for K in sorted({1, nr - 1, nr, 2 * nr + 3, 3 * nr, 4 * nr, 5 * nr + 1, 300}):
+        for rows in (1, 3, 10, 37):
+            A = rng.standard_normal((17, M + 3)).astype(np.float32)
+            B = rng.standard_normal((19, K + 2)).astype(np.float32)
+            ia, ib = rng.integers(0, 17, rows), rng.integers(0, 19, rows)
+            acc0 = rng.standard_normal((M, K)).astype(np.float32)
+            acc = acc0.copy()
+            kernel.gemm_tn(A, ia, B, ib, acc)
+            a, b = A[ia, :M].astype(np.float64), B[ib, :K].astype(np.float64)
+            want = acc0 + a.T @ b
+            terms = np.abs(acc0) + np.abs(a).T @ np.abs(b)
+            check_close(acc, want, f"tn rows={rows} M={M} K={K}", terms)
