@@ -265,6 +265,20 @@ def _blocks(text: str) -> int:
     return int(text)
 
 
+class _DefaultsShown(argparse.HelpFormatter):
+    """Help that shows an option's default where it says something: not for flags, options without a
+    default, or help that already states it (argparse's own formatter adds "(default: None)" to those)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or action.option_strings == [] or isinstance(default, bool) or default in (None, []):
+            return text
+        if default is argparse.SUPPRESS:
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from cortexc import __version__
 
@@ -285,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser(
         "check",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_DefaultsShown,
         help="parse and check a .cell file, print a summary of its cells",
     )
     common(check)
@@ -294,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     comp = sub.add_parser(
         "compile",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_DefaultsShown,
         help="compile a .cell file into a Python package of kernels",
     )
     common(comp)
@@ -323,7 +337,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     comp.set_defaults(func=cmd_compile)
 
-    exp = sub.add_parser("export", help="write a C library, a _run program per cell and a Makefile (no Python to run)")
+    exp = sub.add_parser(
+        "export",
+        formatter_class=_DefaultsShown,
+        help="write a C library, a _run program per cell and a Makefile (no Python to run)",
+    )
     common(exp)
     exp.add_argument("-o", "--out", default="dist", metavar="DIR", help="where <stem>/ goes (default dist/)")
     exp.add_argument(
@@ -335,19 +353,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser(
         "run",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_DefaultsShown,
         help="run a cell compiled and eager over PTB trees (or a built-in forest)",
     )
     common(run)
-    run.add_argument("--trees", metavar="PATH", help="PTB bracketed trees, one per line")
+    run.add_argument(
+        "--trees", metavar="PATH", help="PTB bracketed trees, one per line (default: a built-in random forest)"
+    )
     run.add_argument("--cell", help="which cell of the file (default: the first)")
     run.add_argument("--limit", type=_positive, default=None, metavar="N", help="use only the first N trees")
-    run.add_argument("--seed", type=_non_negative, default=0)
+    run.add_argument(
+        "--seed",
+        type=_non_negative,
+        default=0,
+        help="seeds the params and the inputs (the built-in forest is always the same)",
+    )
     run.add_argument(
         "--repeats", type=_positive, default=5, metavar="N", help="compiled runs to time (the best is shown)"
     )
     run.add_argument(
-        "--no-eager", dest="eager", action="store_false", help="run the compiled cell only (no interpreter)"
+        "--no-eager",
+        dest="eager",
+        action="store_false",
+        help="run the compiled cell only (default: compiled and the interpreter, compared)",
     )
     run.set_defaults(func=cmd_run)
     return parser
