@@ -60,6 +60,40 @@ def test_child_softmax_of_large_finite_scores_is_finite_and_sums_to_one(large, d
     np.testing.assert_allclose(out["h"], expected["h"], rtol=1e-5, atol=1e-5)
 
 
+VECTOR_SOFTMAX = """
+cell VLarge on tree {
+    dim H = 6
+    input x[H], y[H]
+    state p[H], q[H]
+    node {
+        p = softmax(x + y)
+        q = log_softmax(x + y)
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda-emu"])
+def test_vector_softmax_of_large_finite_sums_matches_the_interpreter(device, rng, tmp_path):
+    """The vector softmax step keeps each x it computed for the max (as child_softmax does): the row's
+    exponentials then never see an x rounded otherwise than the max, whatever fast-math does."""
+    path = tmp_path / "vlarge.cell"
+    path.write_text(VECTOR_SOFTMAX, encoding="utf-8")
+    cls = cortexc.load(path, out_dir=tmp_path / "pkg").VLarge
+    forest = Forest.random(6, rng=rng, max_children=3, max_nodes=12)
+    n = forest.num_nodes
+    inputs = {
+        "x": (rng.uniform(-1, 1, (n, 6)) * 1e30).astype(np.float32),
+        "y": (rng.uniform(-1, 1, (n, 6)) * 3e30).astype(np.float32),
+    }
+    out = cls(device=device)(forest, **inputs)
+    expected = cls(device="interp")(forest, **inputs)
+    assert np.isfinite(out["p"]).all()
+    np.testing.assert_allclose(out["p"].sum(axis=1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(out["p"], expected["p"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["q"], expected["q"], rtol=1e-5)
+
+
 # ------------------------------------------------------------------ v[k] of something that is not a vector
 def _cell(body: str) -> str:
     """A cell whose node block is line 6; its body starts at column 12."""
