@@ -289,6 +289,14 @@ CASES = [
     ("slicing-a-matrix", node("h = W[0:2]"), CellTypeError, 6, 16, "only vectors can be sliced, but W is [8, 4]"),
     ("softmax-of-a-matrix", node("h = softmax(U)"), CellTypeError, 6, 16, "softmax takes a vector, but U is [8, 8]"),
     (
+        "softmax-of-a-scalar",
+        node("h = b * softmax(3)"),
+        CellTypeError,
+        6,
+        20,
+        "softmax takes a vector, but 3 is a scalar",
+    ),
+    (
         "state-assigned-wrong-shape",
         node("h = x"),
         CellTypeError,

@@ -193,6 +193,11 @@ def _lower_output(
     return scope.builder.finish(BodyKind.OUTPUT, [(out.name, value)])
 
 
+def _a_shape(shape: Shape) -> str:
+    """A shape as a sentence's complement: "a scalar", or "[3, 4]"."""
+    return "a scalar" if not shape else fmt_shape(shape)
+
+
 def _describe(v: Value) -> str:
     return "index (an int)" if v.dtype == DType.I32 else fmt_shape(v.shape)
 
@@ -370,7 +375,7 @@ def _call(scope: _Scope, expr: ast.Call) -> int | None:
         return b.add(UNARY_FUNCTIONS[func], (arg,), v.shape, v.domain, loc=expr.loc)
     if func in VECTOR_FUNCTIONS:
         if len(v.shape) != 1:
-            sink.report(f"{func} takes a vector, but {_text(expr.args[0])} is {fmt_shape(v.shape)}", expr.loc)
+            sink.report(f"{func} takes a vector, but {_text(expr.args[0])} is {_a_shape(v.shape)}", expr.loc)
             return None
         if v.shape == (1,):  # normalised over its one element: a constant, never what was meant
             always = "1" if func == "softmax" else "0"
@@ -450,7 +455,7 @@ def _slice(scope: _Scope, expr: ast.Slice) -> int | None:
         return None
     v = _value(scope, base)
     if len(v.shape) != 1:
-        scope.sink.report(f"only vectors can be sliced, but {_text(expr.base)} is {fmt_shape(v.shape)}", expr.loc)
+        scope.sink.report(f"only vectors can be sliced, but {_text(expr.base)} is {_a_shape(v.shape)}", expr.loc)
         return None
     dims = scope.decl.dim_map
     others = _other_names(scope)
