@@ -1,9 +1,11 @@
-"""DistributedDataParallel over a CellModule: 2 processes on gloo, 3 SGD steps.
+"""DistributedDataParallel over a CellModule: 2 processes on gloo, 3 optimizer steps.
 
 Each rank builds its module with a different seed (DDP must broadcast rank 0's params) and trains on
 its own shard; after every step both ranks hold bitwise the same params, equal (float32 tolerance) to
-one process stepping with the two shards' gradients averaged. The package and its `.so` are built
-here, before the ranks start, so they only load it.
+one process stepping with the two shards' gradients averaged. With ``sparse=True`` the embedding
+table is DDP-ignored and the module broadcasts it and averages its sparse gradient itself (checked
+with SGD and with Adagrad's sparse update). The package and its `.so` are built here, before the
+ranks start, so they only load it.
 """
 
 from __future__ import annotations
@@ -31,13 +33,23 @@ RANK = """
 import os, pickle, sys
 import numpy as np, torch, torch.distributed as dist
 from cortexc.runtime.model import cell_class
-from cortexc.torch import CellModule
+from cortexc.torch import CellModule, ignore_sparse_tables_for_ddp
 rank = int(sys.argv[1])
-package, shards, out = sys.argv[2], sys.argv[3], sys.argv[4]
+package, shards, out, sparse, optim = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] == "1", sys.argv[6]
+nested = sys.argv[7] == "1"
 dist.init_process_group("gloo", rank=rank, world_size=2)
-module = CellModule(cell_class(package, "BinaryTreeLSTM"), seed=100 + rank)
-ddp = torch.nn.parallel.DistributedDataParallel(module)
-optimizer = torch.optim.SGD(ddp.parameters(), lr=0.5)
+module = CellModule(cell_class(package, "BinaryTreeLSTM"), seed=100 + rank, sparse=sparse)
+
+class Model(torch.nn.Module):  # the cell inside a bigger model: its tables are "cell.E" to DDP
+    def __init__(self, cell):
+        super().__init__()
+        self.cell = cell
+
+    def forward(self, forest, **inputs):
+        return self.cell(forest, **inputs)
+
+ddp = torch.nn.parallel.DistributedDataParallel(ignore_sparse_tables_for_ddp(Model(module)) if nested else module)
+optimizer = getattr(torch.optim, optim)(ddp.parameters(), lr=0.5)
 with open(shards, "rb") as file:
     steps = pickle.load(file)
 history = []
@@ -46,6 +58,7 @@ for shard in steps:
     optimizer.zero_grad()
     logits = ddp(forest, word=torch.as_tensor(word))["logits"]
     torch.nn.functional.cross_entropy(logits[torch.tensor(forest.roots)], torch.tensor(labels)).backward()
+    assert module.E.grad.is_sparse == sparse
     optimizer.step()
     history.append({k: v.detach().numpy().copy() for k, v in module.state_dict().items()})
 with open(out, "wb") as file:
@@ -60,9 +73,14 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_ddp_on_two_gloo_ranks_matches_one_process_with_averaged_gradients(rng, tmp_path):
+@pytest.mark.parametrize(
+    ("sparse", "optim", "nested"), [(False, "SGD", False), (True, "SGD", False), (True, "Adagrad", True)]
+)
+def test_ddp_on_two_gloo_ranks_matches_one_process_with_averaged_gradients(rng, tmp_path, sparse, optim, nested):
     cls = cortexc.load(EXAMPLES / "binary_treelstm.cell", **DIMS).BinaryTreeLSTM
-    reference = CellModule(cls, seed=100)  # rank 0's init: what DDP broadcasts; builds the .so once, here
+    reference = CellModule(
+        cls, seed=100, sparse=sparse
+    )  # rank 0's init: what DDP broadcasts; builds the .so once, here
     steps = []
     for _ in range(STEPS):
         shard = []
@@ -84,6 +102,9 @@ def test_ddp_on_two_gloo_ranks_matches_one_process_with_averaged_gradients(rng, 
                 str(cls._package),
                 str(tmp_path / "shards.pickle"),
                 str(tmp_path / f"{r}.pickle"),
+                str(int(sparse)),
+                optim,
+                str(int(nested)),
             ],
             env=env,
             stderr=subprocess.PIPE,
@@ -98,7 +119,7 @@ def test_ddp_on_two_gloo_ranks_matches_one_process_with_averaged_gradients(rng, 
     for r in range(2):
         with open(tmp_path / f"{r}.pickle", "rb") as file:
             histories.append(pickle.load(file))
-    optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
+    optimizer = getattr(torch.optim, optim)(reference.parameters(), lr=0.5)
     for step, shard in enumerate(steps):
         for name in histories[0][step]:
             assert np.array_equal(histories[0][step][name], histories[1][step][name]), (step, name)
