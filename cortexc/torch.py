@@ -606,6 +606,12 @@ class CellModule(nn.Module):
             value = inputs[decl.name]
             # index inputs as given (the op checks their range, then makes them int32); float ones as float32
             converted[decl.name] = value.contiguous() if decl.is_index else value.to(torch.float32).contiguous()
+        if self.sparse and not eager and torch.is_grad_enabled() and _distributed():
+            raise CortexcError(
+                "CellModule(sparse=True) in a compiled graph would give its tables dense gradients, which DDP "
+                "ignores and nothing averages over the ranks: with more than one rank, use sparse=False under "
+                "torch.compile(fullgraph=True) (without fullgraph, this forward runs eagerly)"
+            )
         if self.sparse and eager:
             group = self._sparse_sync_group()
             for embedding in self.signature.embeddings:
@@ -633,12 +639,10 @@ class CellModule(nn.Module):
         params' own `_ddp_ignored` mark is not relied on, `copy.deepcopy` drops it). Made (a group of its
         own, so that its collectives never interleave with DDP's buckets) and rank 0's tables broadcast
         on the first such forward, which every rank runs (as DDP's own forward requires)."""
-        if not torch.is_grad_enabled() or not torch.distributed.is_available():
+        if not torch.is_grad_enabled() or not _distributed():
             return None
         import torch.distributed as dist
 
-        if not dist.is_initialized() or dist.get_world_size() < 2:
-            return None
         tables = [getattr(self, name) for name in self.sparse_tables]
         if not any(t.requires_grad for t in tables):
             return None
@@ -749,6 +753,13 @@ def ignore_sparse_tables_for_ddp(model: nn.Module) -> nn.Module:
             names += [alias for name in module.sparse_tables for alias in _ddp_names(prefix, name)]
     nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, sorted(set(names)))
     return model
+
+
+def _distributed() -> bool:
+    """Whether this process is one of several ranks of an initialised default process group."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def _ddp_names(prefix: str, name: str) -> list[str]:

@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 
 import cortexc  # noqa: E402
 from cortexc import Forest  # noqa: E402
-from cortexc.torch import CellModule  # noqa: E402
+from cortexc.torch import CellModule, ForestBatch  # noqa: E402
 from tests.helpers import EXAMPLES, REPO  # noqa: E402
 
 DIMS = {"V": 30, "X": 6, "H": 5, "C": 3}
@@ -134,3 +134,31 @@ def test_ddp_on_two_gloo_ranks_matches_one_process_with_averaged_gradients(rng, 
         optimizer.step()
         for name, value in reference.state_dict().items():
             np.testing.assert_allclose(histories[0][step][name], value.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_sparse_module_in_a_compiled_graph_on_several_ranks_runs_eagerly_or_is_refused(rng, monkeypatch):
+    """A compiled graph skips the eager sparse path (dense table gradients, which DDP ignores): on more
+    than one rank that would silently diverge, so the forward raises there: `fullgraph=True` refuses it,
+    otherwise dynamo runs that forward eagerly, which averages the sparse gradient (several ranks faked
+    here; the two-rank tests above run the averaging itself)."""
+    import cortexc.torch as cortexc_torch
+
+    cls = cortexc.load(EXAMPLES / "binary_treelstm.cell", **DIMS).BinaryTreeLSTM
+    forest = Forest.random(2, rng=rng, binary=True, max_children=2, max_nodes=7)
+    word = torch.as_tensor(rng.integers(0, DIMS["V"], forest.num_nodes))
+    batch = ForestBatch.from_forest(forest)
+    synced = []
+    monkeypatch.setattr(cortexc_torch, "_distributed", lambda: True)
+    monkeypatch.setattr(CellModule, "_sparse_sync_group", lambda self: synced.append(self) and None)
+    torch._dynamo.reset()
+    module = CellModule(cls, sparse=True)
+    with pytest.raises(Exception, match="sparse=False under torch.compile"):
+        torch.compile(module, backend="aot_eager", fullgraph=True)(batch, word=word)
+    assert not synced
+    torch._dynamo.reset()
+    out = torch.compile(module, backend="aot_eager")(batch, word=word)
+    out["logits"].sum().backward()
+    assert synced == [module] and module.E.grad.is_sparse  # the eager sparse path ran
+    torch._dynamo.reset()  # the frame dynamo fell back on is skipped from then on
+    dense = torch.compile(CellModule(cls, sparse=False), backend="aot_eager", fullgraph=True)(batch, word=word)
+    assert torch.allclose(dense["logits"], out["logits"], rtol=1e-5, atol=1e-6)
