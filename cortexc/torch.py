@@ -48,7 +48,7 @@ from cortexc.runtime.philox import EVAL, SEED_LIMIT, Dropout
 from cortexc.runtime.signature import CellSignature, EmbeddingSig
 from cortexc.runtime.validate import check_forest
 
-__all__ = ["CellModule", "ForestBatch"]
+__all__ = ["CellModule", "ForestBatch", "ignore_sparse_tables_for_ddp"]
 
 
 # ------------------------------------------------------------------------------------------------ forest
@@ -503,7 +503,10 @@ class CellModule(nn.Module):
     same seed. ``module(batch, **inputs)`` takes a `ForestBatch` (or a `Forest`) and one tensor per
     input and returns every state (`[N, ...]`, node order) and output by name, in autograd's graph.
     With ``sparse=True`` the gradient of a param used only as an embedding table is a sparse COO
-    tensor of the looked-up rows (as `nn.Embedding(sparse=True)`); eager mode only.
+    tensor of the looked-up rows (as `nn.Embedding(sparse=True)`); eager mode only. Such tables are
+    DDP-ignored (DDP's reducer takes sparse gradients only from `nn.Embedding`) and synchronised by the
+    module itself in a process group of more than one rank: rank 0's values broadcast before the first
+    forward with grad enabled, each backward's sparse gradient averaged over the ranks (`_SparseAllReduce`).
     `train()` / `eval()` switch the cell's `dropout` calls on and off (a module starts in training mode):
     in training mode each call draws its dropout seed from torch's default generator (so
     `torch.manual_seed` reproduces a run) and the backward replays the same masks.
@@ -523,6 +526,17 @@ class CellModule(nn.Module):
                 raise CortexcError(f"param {decl.name} of cell {cls.signature.name} clashes with an nn.Module name")
             self.register_parameter(decl.name, nn.Parameter(torch.from_numpy(values[decl.name])))
         self._attach(cls)
+        if self.sparse:  # DDP(cell) leaves them to the module (nested in a bigger model: ignore_sparse_tables_for_ddp)
+            names = [alias for name in self.sparse_tables for alias in _ddp_names("", name)]
+            nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(self, names)
+
+    @property
+    def sparse_tables(self) -> list[str]:
+        """The params whose gradient is sparse (``sparse=True``): the embedding tables, in ABI order."""
+        if not self.sparse:
+            return []
+        tables = {embedding.param for embedding in self.signature.embeddings}
+        return [name for name in self.runner.params if name in tables]
 
     def _attach(self, cls: type[CellModel]) -> None:
         self.signature: CellSignature = cls.signature
@@ -566,7 +580,7 @@ class CellModule(nn.Module):
     # --- pickling: the cell class and the executor are made again from the package directory -------
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_handle", "signature", "_cell_class", "_device_handles"):
+        for name in ("_handle", "signature", "_cell_class", "_device_handles", "_sparse_group"):
             state.pop(name, None)
         return state
 
@@ -592,11 +606,19 @@ class CellModule(nn.Module):
             value = inputs[decl.name]
             # index inputs as given (the op checks their range, then makes them int32); float ones as float32
             converted[decl.name] = value.contiguous() if decl.is_index else value.to(torch.float32).contiguous()
+        if self.sparse and not eager and torch.is_grad_enabled() and _distributed():
+            raise CortexcError(
+                "CellModule(sparse=True) in a compiled graph would give its tables dense gradients, which DDP "
+                "ignores and nothing averages over the ranks: with more than one rank, use sparse=False under "
+                "torch.compile(fullgraph=True) (without fullgraph, this forward runs eagerly)"
+            )
         if self.sparse and eager:
+            group = self._sparse_sync_group()
             for embedding in self.signature.embeddings:
                 position = runner.params.index(embedding.param)
+                table = params[position] if group is None else _SparseAllReduce.apply(params[position], group)
                 params[position], converted[embedding.index] = _compact_lookup(
-                    params[position], converted[embedding.index], embedding, batch
+                    table, converted[embedding.index], embedding, batch
                 )
         train = self.training and runner.dropout_sites > 0
         if train:  # torch's default generator: torch.manual_seed(k) makes a run reproducible
@@ -610,6 +632,28 @@ class CellModule(nn.Module):
         outputs = results[len(runner.states) + len(runner.spec["hoisted_widths"]) :]
         out.update(zip(runner.spec["abi"]["outputs"], outputs))
         return out
+
+    def _sparse_sync_group(self) -> Any:
+        """The process group that synchronises the sparse tables, or None: only with grad enabled, in an
+        initialised group of more than one rank (the tables are DDP-ignored from construction on; the
+        params' own `_ddp_ignored` mark is not relied on, `copy.deepcopy` drops it). Made (a group of its
+        own, so that its collectives never interleave with DDP's buckets) and rank 0's tables broadcast
+        on the first such forward, which every rank runs (as DDP's own forward requires)."""
+        if not torch.is_grad_enabled() or not _distributed():
+            return None
+        import torch.distributed as dist
+
+        tables = [getattr(self, name) for name in self.sparse_tables]
+        if not any(t.requires_grad for t in tables):
+            return None
+        group = getattr(self, "_sparse_group", None)
+        if group is None:
+            group = dist.new_group()
+            with torch.no_grad():
+                for table in tables:
+                    dist.broadcast(table, src=dist.get_global_rank(group, 0), group=group)
+            self._sparse_group = group
+        return group
 
     def _check(self, batch: ForestBatch, inputs: Mapping[str, Tensor], device: torch.device) -> None:
         """The NumPy API's checks, on tensors: the forest's structure, the inputs' names, shapes, dtypes
@@ -660,6 +704,68 @@ class CellModule(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.signature.name}, sparse={self.sparse}"
+
+
+class _SparseAllReduce(torch.autograd.Function):
+    """Identity forward; the backward averages the table's sparse gradient over the group's ranks, as
+    DDP averages a dense one: the ranks' rows and values gathered (padded to the largest count), put
+    together in rank order and coalesced, so every rank gets bitwise the same sum, divided by the
+    world size."""
+
+    @staticmethod
+    def forward(ctx: Any, table: Tensor, group: Any) -> Tensor:
+        ctx.group = group
+        return table.view_as(table)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        import torch.distributed as dist
+
+        world = dist.get_world_size(ctx.group)
+        grad = (grad if grad.is_sparse else grad.to_sparse(1)).coalesce()
+        rows, values = grad.indices()[0], grad.values()
+        count = torch.tensor([rows.numel()], dtype=torch.int64, device=rows.device)
+        counts = [torch.empty_like(count) for _ in range(world)]
+        dist.all_gather(counts, count, group=ctx.group)
+        sizes = [int(c) for c in counts]
+        most = max(sizes)
+        padded_rows = rows.new_zeros(most)
+        padded_rows[: rows.numel()] = rows
+        padded_values = values.new_zeros((most, *values.shape[1:]))
+        padded_values[: rows.numel()] = values
+        all_rows = [torch.empty_like(padded_rows) for _ in range(world)]
+        all_values = [torch.empty_like(padded_values) for _ in range(world)]
+        dist.all_gather(all_rows, padded_rows, group=ctx.group)
+        dist.all_gather(all_values, padded_values, group=ctx.group)
+        indices = torch.cat([r[:n] for r, n in zip(all_rows, sizes)]).unsqueeze(0)
+        values = torch.cat([v[:n] for v, n in zip(all_values, sizes)])
+        summed = torch.sparse_coo_tensor(indices, values, grad.shape, check_invariants=False).coalesce()
+        return summed / world, None
+
+
+def ignore_sparse_tables_for_ddp(model: nn.Module) -> nn.Module:
+    """Tell DDP to leave the sparse tables of every ``CellModule(sparse=True)`` inside `model` to
+    their module (call it before ``DistributedDataParallel(model)``; `DDP(cell)` of a bare module needs
+    nothing): DDP reads the names to ignore from the module it wraps, by their full names. Returns `model`."""
+    names = list(getattr(model, "_ddp_params_and_buffers_to_ignore", []))
+    for prefix, module in model.named_modules():
+        if isinstance(module, CellModule):
+            names += [alias for name in module.sparse_tables for alias in _ddp_names(prefix, name)]
+    nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, sorted(set(names)))
+    return model
+
+
+def _distributed() -> bool:
+    """Whether this process is one of several ranks of an initialised default process group."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _ddp_names(prefix: str, name: str) -> list[str]:
+    """The names DDP must find a param under to ignore it: its full name, and for a param of the
+    wrapped module itself also ``.name`` too (DDP's reducer joins an empty module name with a dot)."""
+    return [f"{prefix}.{name}"] if prefix else [name, f".{name}"]
 
 
 def _lookup_nodes(embedding: EmbeddingSig, batch: ForestBatch) -> Tensor:

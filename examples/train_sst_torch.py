@@ -1,11 +1,12 @@
 """Train the binary Tree-LSTM on SST through `cortexc.torch.CellModule` and `torch.optim`.
 
 Tai et al. (2015)'s settings: H=150, Adagrad lr 0.05 (the embedding at lr 0.1, its own param group,
-sparse gradients on one process), weight decay 1e-4 on the other params, batches of 25 trees, loss on
-every node, dropout 0.5 on the hidden state before the read-out (examples/sst_treelstm.cell:
-`W_s @ dropout(h, 0.5)`). `module.train()` switches that dropout on for the training steps (each step's
-masks seeded from torch's default generator, so `--seed` reproduces a run); dev and test root accuracy
-are measured in `module.eval()` after every epoch, and the best `state_dict` (by dev) is saved.
+sparse gradients, under DDP too: the module averages them over the ranks itself), weight decay 1e-4 on
+the other params, batches of 25 trees, loss on every node, dropout 0.5 on the hidden state before the
+read-out (examples/sst_treelstm.cell: `W_s @ dropout(h, 0.5)`). `module.train()` switches that dropout
+on for the training steps (each step's masks seeded from torch's default generator, so `--seed`
+reproduces a run); dev and test root accuracy are measured in `module.eval()` after every epoch, and the
+best `state_dict` (by dev) is saved.
 
     python examples/train_sst_torch.py --limit 300 --epochs 2 --hidden 32
     python examples/train_sst_torch.py --ddp 2          # 2 processes on gloo (or run it under torchrun)
@@ -65,7 +66,7 @@ def run(rank: int, world: int, args: argparse.Namespace) -> None:
     vocab = Vocab.build(train, min_count=1)
     package = cortexc.load(args.cell, V=len(vocab), X=args.embed, H=args.hidden, C=5)
     torch.manual_seed(args.seed * world + rank)  # the dropout masks' seeds: reproducible, each rank its own
-    cell = CellModule(the_cell(package, args.cell), seed=args.seed, sparse=world == 1)
+    cell = CellModule(the_cell(package, args.cell), seed=args.seed, sparse=True)
     model = torch.nn.parallel.DistributedDataParallel(cell) if world > 1 else cell
     embedding = [cell.E]
     others = [p for name, p in cell.named_parameters() if name != "E"]

@@ -1,9 +1,11 @@
-"""DistributedDataParallel over a CellModule: 2 processes on gloo, 3 SGD steps.
+"""DistributedDataParallel over a CellModule: 2 processes on gloo, 3 optimizer steps.
 
 Each rank builds its module with a different seed (DDP must broadcast rank 0's params) and trains on
 its own shard; after every step both ranks hold bitwise the same params, equal (float32 tolerance) to
-one process stepping with the two shards' gradients averaged. The package and its `.so` are built
-here, before the ranks start, so they only load it.
+one process stepping with the two shards' gradients averaged. With ``sparse=True`` the embedding
+table is DDP-ignored and the module broadcasts it and averages its sparse gradient itself (checked
+with SGD and with Adagrad's sparse update). The package and its `.so` are built here, before the
+ranks start, so they only load it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ torch = pytest.importorskip("torch")
 
 import cortexc  # noqa: E402
 from cortexc import Forest  # noqa: E402
-from cortexc.torch import CellModule  # noqa: E402
+from cortexc.torch import CellModule, ForestBatch  # noqa: E402
 from tests.helpers import EXAMPLES, REPO  # noqa: E402
 
 DIMS = {"V": 30, "X": 6, "H": 5, "C": 3}
@@ -31,13 +33,23 @@ RANK = """
 import os, pickle, sys
 import numpy as np, torch, torch.distributed as dist
 from cortexc.runtime.model import cell_class
-from cortexc.torch import CellModule
+from cortexc.torch import CellModule, ignore_sparse_tables_for_ddp
 rank = int(sys.argv[1])
-package, shards, out = sys.argv[2], sys.argv[3], sys.argv[4]
+package, shards, out, sparse, optim = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] == "1", sys.argv[6]
+nested = sys.argv[7] == "1"
 dist.init_process_group("gloo", rank=rank, world_size=2)
-module = CellModule(cell_class(package, "BinaryTreeLSTM"), seed=100 + rank)
-ddp = torch.nn.parallel.DistributedDataParallel(module)
-optimizer = torch.optim.SGD(ddp.parameters(), lr=0.5)
+module = CellModule(cell_class(package, "BinaryTreeLSTM"), seed=100 + rank, sparse=sparse)
+
+class Model(torch.nn.Module):  # the cell inside a bigger model: its tables are "cell.E" to DDP
+    def __init__(self, cell):
+        super().__init__()
+        self.cell = cell
+
+    def forward(self, forest, **inputs):
+        return self.cell(forest, **inputs)
+
+ddp = torch.nn.parallel.DistributedDataParallel(ignore_sparse_tables_for_ddp(Model(module)) if nested else module)
+optimizer = getattr(torch.optim, optim)(ddp.parameters(), lr=0.5)
 with open(shards, "rb") as file:
     steps = pickle.load(file)
 history = []
@@ -46,6 +58,7 @@ for shard in steps:
     optimizer.zero_grad()
     logits = ddp(forest, word=torch.as_tensor(word))["logits"]
     torch.nn.functional.cross_entropy(logits[torch.tensor(forest.roots)], torch.tensor(labels)).backward()
+    assert module.E.grad.is_sparse == sparse
     optimizer.step()
     history.append({k: v.detach().numpy().copy() for k, v in module.state_dict().items()})
 with open(out, "wb") as file:
@@ -60,9 +73,14 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_ddp_on_two_gloo_ranks_matches_one_process_with_averaged_gradients(rng, tmp_path):
+@pytest.mark.parametrize(
+    ("sparse", "optim", "nested"), [(False, "SGD", False), (True, "SGD", False), (True, "Adagrad", True)]
+)
+def test_ddp_on_two_gloo_ranks_matches_one_process_with_averaged_gradients(rng, tmp_path, sparse, optim, nested):
     cls = cortexc.load(EXAMPLES / "binary_treelstm.cell", **DIMS).BinaryTreeLSTM
-    reference = CellModule(cls, seed=100)  # rank 0's init: what DDP broadcasts; builds the .so once, here
+    reference = CellModule(
+        cls, seed=100, sparse=sparse
+    )  # rank 0's init: what DDP broadcasts; builds the .so once, here
     steps = []
     for _ in range(STEPS):
         shard = []
@@ -84,6 +102,9 @@ def test_ddp_on_two_gloo_ranks_matches_one_process_with_averaged_gradients(rng, 
                 str(cls._package),
                 str(tmp_path / "shards.pickle"),
                 str(tmp_path / f"{r}.pickle"),
+                str(int(sparse)),
+                optim,
+                str(int(nested)),
             ],
             env=env,
             stderr=subprocess.PIPE,
@@ -98,7 +119,7 @@ def test_ddp_on_two_gloo_ranks_matches_one_process_with_averaged_gradients(rng, 
     for r in range(2):
         with open(tmp_path / f"{r}.pickle", "rb") as file:
             histories.append(pickle.load(file))
-    optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
+    optimizer = getattr(torch.optim, optim)(reference.parameters(), lr=0.5)
     for step, shard in enumerate(steps):
         for name in histories[0][step]:
             assert np.array_equal(histories[0][step][name], histories[1][step][name]), (step, name)
@@ -113,3 +134,31 @@ def test_ddp_on_two_gloo_ranks_matches_one_process_with_averaged_gradients(rng, 
         optimizer.step()
         for name, value in reference.state_dict().items():
             np.testing.assert_allclose(histories[0][step][name], value.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_sparse_module_in_a_compiled_graph_on_several_ranks_runs_eagerly_or_is_refused(rng, monkeypatch):
+    """A compiled graph skips the eager sparse path (dense table gradients, which DDP ignores): on more
+    than one rank that would silently diverge, so the forward raises there: `fullgraph=True` refuses it,
+    otherwise dynamo runs that forward eagerly, which averages the sparse gradient (several ranks faked
+    here; the two-rank tests above run the averaging itself)."""
+    import cortexc.torch as cortexc_torch
+
+    cls = cortexc.load(EXAMPLES / "binary_treelstm.cell", **DIMS).BinaryTreeLSTM
+    forest = Forest.random(2, rng=rng, binary=True, max_children=2, max_nodes=7)
+    word = torch.as_tensor(rng.integers(0, DIMS["V"], forest.num_nodes))
+    batch = ForestBatch.from_forest(forest)
+    synced = []
+    monkeypatch.setattr(cortexc_torch, "_distributed", lambda: True)
+    monkeypatch.setattr(CellModule, "_sparse_sync_group", lambda self: synced.append(self) and None)
+    torch._dynamo.reset()
+    module = CellModule(cls, sparse=True)
+    with pytest.raises(Exception, match="sparse=False under torch.compile"):
+        torch.compile(module, backend="aot_eager", fullgraph=True)(batch, word=word)
+    assert not synced
+    torch._dynamo.reset()
+    out = torch.compile(module, backend="aot_eager")(batch, word=word)
+    out["logits"].sum().backward()
+    assert synced == [module] and module.E.grad.is_sparse  # the eager sparse path ran
+    torch._dynamo.reset()  # the frame dynamo fell back on is skipped from then on
+    dense = torch.compile(CellModule(cls, sparse=False), backend="aot_eager", fullgraph=True)(batch, word=word)
+    assert torch.allclose(dense["logits"], out["logits"], rtol=1e-5, atol=1e-6)
