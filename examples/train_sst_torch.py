@@ -52,7 +52,7 @@ def root_accuracy(cell: CellModule, trees: list[Forest], vocab: Vocab) -> float:
         for start in range(0, len(trees), 256):
             forest = Forest.concat(trees[start : start + 256])
             logits = cell(forest, word=torch.as_tensor(vocab.encode(forest)))["logits"]
-            roots = torch.as_tensor(np.asarray(forest.roots))
+            roots = torch.tensor(forest.roots)
             hits += int((logits[roots].argmax(1) == torch.tensor(forest.labels, dtype=torch.long)[roots]).sum())
     return hits / max(len(trees), 1)
 

@@ -311,6 +311,7 @@ def test_a_numpy_model_pickles_and_deep_copies(binary, rng):
         assert np.array_equal(twin(forest, word=word)["logits"], expected)
 
 
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks are implicitly disabled")  # torch's Adagrad, not us
 def test_sparse_embedding_gradient_holds_the_looked_up_rows(binary, rng):
     dense, _ = jittered(binary, rng)
     sparse = CellModule(binary, sparse=True)
