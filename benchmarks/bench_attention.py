@@ -22,9 +22,7 @@ import argparse
 import math
 import os
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,24 +33,12 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import cortexc  # noqa: E402
+from benchmarks.bench_treelstm import median_time, rel_err  # noqa: E402
 from benchmarks.peers import TorchLevelBatchedAttn  # noqa: E402
 from cortexc.runtime.forest import Forest  # noqa: E402
 
 CELL = REPO / "examples" / "attn_treelstm.cell"
 SST_DIR = Path(os.environ.get("CORTEXC_SST_DIR", REPO.parent / "shared" / "data" / "sst"))
-
-
-def median_time(call, repeats: int) -> float:
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
-
-
-def relative_error(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     check = Forest.from_ptb(lines[:20])
     xc = rng.standard_normal((check.num_nodes, dims["X"])).astype(np.float32)
     ours, theirs = model(check, x=xc), peer(check, xc)
-    errors = {k: relative_error(ours[k], theirs[k]) for k in ("h", "c")}
+    errors = {k: rel_err(ours[k], theirs[k]) for k in ("h", "c")}
     print("check on 20 trees, compiled vs torch level-batched: " + ", ".join(f"{k} {e:.1e}" for k, e in errors.items()))
     if max(errors.values()) > 1e-4:
         print("MISMATCH")
