@@ -20,6 +20,7 @@ trees/s is the trees timed over the sum of those times. The two
 implementations that work one node at a time whatever the batch (``interp``,
 ``torch_per_node``) are timed on only the first ``--interp-trees`` /
 ``--per-node-trees`` trees of those batches, to keep the run short.
+``ms/batch`` is the time of one batch (at batch 1, the latency per tree).
 Linearization (``Forest.from_ptb`` of the batch's lines and the level-batched
 ``prepare``) is timed separately from compute. Each implementation's GFLOP/s (GEMM FLOPs of the forward over
 its time) is given against the best sgemm rate measured in the same run (``% best sgemm``: the
@@ -401,7 +402,7 @@ def print_table(result: dict[str, Any], best: float) -> None:
         flag = "  MISMATCH" if worst > CHECK_RTOL else ""
         print(f"check vs interp on {CHECK_TREES} trees: {name:20s} max rel err {worst:.1e}{flag}")
     header = (
-        f"{'batch':>6} {'impl':<20} {'trees':>6} {'trees/s':>10} {'GFLOP/s':>8} "
+        f"{'batch':>6} {'impl':<20} {'trees':>6} {'trees/s':>10} {'ms/batch':>9} {'GFLOP/s':>8} "
         f"{'lvl GEMM':>9} {'% best sgemm':>12} {reference + '/impl':>15}"
     )
     print(header)
@@ -416,7 +417,8 @@ def print_table(result: dict[str, Any], best: float) -> None:
             ratio = ref["trees_per_s"] / stats["trees_per_s"]
             print(
                 f"{entry['batch']:>6} {name:<20} {stats['trees']:>6} {stats['trees_per_s']:>10.1f} "
-                f"{stats['gflops']:>8.2f} {entry['roofline_gflops']:>9.1f} "
+                f"{1e3 * entry['batch_size'] / stats['trees_per_s']:>9.3f} {stats['gflops']:>8.2f} "
+                f"{entry['roofline_gflops']:>9.1f} "
                 f"{100 * stats['best_sgemm_fraction']:>11.2f}% {ratio:>15.3f}"
             )
         lin = entry["linearize"]
