@@ -191,9 +191,10 @@ def test_concurrent_calls_on_new_and_shared_forests(key, modules, rng):
 
 @pytest.mark.parametrize("key", list(CELLS))
 def test_state_arrays_from_nan_filled_memory_give_the_reference_results(key, modules, rng, monkeypatch):
-    """The forward's state arrays are not zero-filled: here their memory starts as NaN, so a row the C code
-    failed to write, or a "missing child" row N left unzeroed, would show as NaN or differ from the
-    interpreter, in the forward and in the backward (which reads the kept states)."""
+    """The forward's state arrays (and what a grad=True forward keeps) are not zero-filled: here their
+    memory starts as NaN, so a row the C code failed to write, or a "missing child" row N left unzeroed,
+    would show as NaN or differ from the interpreter, in the forward and in the backward (which reads the
+    kept states and hoisted rows)."""
     filled = []
 
     def nan_empty(shape, dtype):
@@ -206,12 +207,15 @@ def test_state_arrays_from_nan_filled_memory_give_the_reference_results(key, mod
     reference = _model(modules[key], device="interp")
     forest = _forest(key, rng)
     inputs = random_inputs(model.signature, forest, rng)
-    out = model(forest, grad=True, **inputs)
-    assert len(filled) == len(model.signature.states)  # the forward took its states from there
     expected = reference(forest, grad=True, **inputs)
-    for name, value in expected.items():
-        assert np.isfinite(out[name]).all(), name
-        assert relative_error(out[name], value) < 1e-5, name
+    inference = model(forest, **inputs)
+    assert len(filled) == len(model.signature.states)  # the inference took its states from there
+    out = model(forest, grad=True, **inputs)
+    assert len(filled) > len(model.signature.states)  # and so did the kept arrays of this one (`_Recycled`)
+    for result in (inference, out):
+        for name, value in expected.items():
+            assert np.isfinite(result[name]).all(), name
+            assert relative_error(result[name], value) < 1e-5, name
     upstream = {name: rng.standard_normal(value.shape).astype(np.float32) for name, value in expected.items()}
     grads, want = model.backward(out, upstream), reference.backward(expected, upstream)
     for name, value in want.items():
@@ -254,3 +258,38 @@ def test_the_load_reading_is_kept_a_few_ms_then_read_again(tmp_path, monkeypatch
     now[0] -= 10.0  # a clock that went back is no reason to keep a reading
     loadavg.write_text(f"1.00 1.00 1.00 {cpu.CPUS + 5}/200 1\n")
     assert machine.free_cpus() == 1
+
+
+# ----------------------------------------------------------------------------- recycled memory of kept arrays
+
+
+@pytest.mark.parametrize("key", ["lstm", "binary_treelstm"])
+def test_recycled_kept_memory_gives_fresh_results(key, modules, rng):
+    """What a `grad=True` forward keeps (states, hoisted rows, input copies) lives in memory recycled from
+    earlier forwards once their results are gone. Here that memory is poisoned with NaN before each
+    forward, forests grow and shrink, and a second kept forward runs between a forward and its backward:
+    every result and gradient equals a fresh model's bit for bit (a recycled buffer still in use, or one
+    whose zero row is not zeroed again, would differ)."""
+    model = _model(modules[key])
+    executor = model._executor_for_device()
+    sizes = [60, 10, 80, 5]
+    forests = [_forest(key, np.random.default_rng(seed), size) for seed, size in enumerate(sizes)]
+    taken = 0
+    for index, forest in enumerate(forests):
+        inputs = random_inputs(model.signature, forest, rng)
+        fresh = _model(modules[key])
+        want = fresh(forest, grad=True, **inputs)
+        upstream = {name: rng.standard_normal(value.shape).astype(np.float32) for name, value in want.items()}
+        want_grads = fresh.backward(want, upstream)
+        for pool in executor._recycled.free.values():
+            taken += len(pool)
+            for flat in pool:
+                flat[...] = np.nan
+        out = model(forest, grad=True, **inputs)
+        other = forests[(index + 1) % len(forests)]
+        between = model(other, grad=True, **random_inputs(model.signature, other, rng))  # holds its own memory
+        _assert_equal_results(out, want, f"forest {index}")
+        grads = model.backward(out, upstream)
+        _assert_equal_results(grads, want_grads, f"forest {index} gradients")
+        del out, between, grads
+    assert taken > 0  # the memory was recycled
