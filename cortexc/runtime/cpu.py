@@ -118,7 +118,7 @@ MACHINE = _Machine()
 
 def _pointers(arrays: Sequence[np.ndarray | None]) -> Any:
     """A C array of pointers (NULL for None); the caller keeps the arrays alive."""
-    return (_P * max(len(arrays), 1))(*(None if array is None else array.ctypes.data for array in arrays))
+    return (_P * max(len(arrays), 1))(*[None if array is None else array.ctypes.data for array in arrays])
 
 
 def _state_arrays(n: int, shapes: Sequence[Sequence[int]]) -> list[np.ndarray]:
