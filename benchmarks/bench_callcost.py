@@ -4,7 +4,8 @@ Each checkout runs in its own worker process (its own `cortexc` on ``PYTHONPATH`
 turn, round after round, to time a few calls of each case, so that a machine whose load changes during the
 run weighs on both alike. A worker wraps its executor's library so that the ctypes call into
 ``cx_forward``/``cx_backward`` is timed on its own: a call's *overhead* is its whole time minus that
-(validation, linearization, pointer tables, result arrays, the thread choice).
+(validation, linearization, pointer tables, result arrays, the thread choice), as it runs; each case is
+also run with those calls skipped, which times the Python side alone.
 
 Cases: examples/lstm.cell on chains (T x B: 1000x1, 1000x10, 100x100) and examples/binary_treelstm.cell
 (V=18282) on 1 and 10 trees of SST dev, each as an inference ``model(forest, x=...)`` and as a training step
@@ -31,24 +32,29 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 CASES = ("lstm 1000x1", "lstm 1000x10", "lstm 100x100", "sst 1", "sst 10")
 MODES = ("fwd", "train")
+#: each mode also run with the compiled calls skipped ("-py"): the Python side of a call alone
+RUNS = (*MODES, *(f"{mode}-py" for mode in MODES))
 
 
 # --------------------------------------------------------------------------- worker (one checkout's runtime)
 
 
 class _TimedLibrary:
-    """The executor's library with its `cx_forward`/`cx_backward` calls timed (the rest passed through)."""
+    """The executor's library with its `cx_forward`/`cx_backward` calls timed (the rest passed through);
+    with `skip[0]` set they return at once (the Python side alone)."""
 
-    def __init__(self, lib: Any, clock: list[float]):
-        self._lib, self._clock = lib, clock
+    def __init__(self, lib: Any, clock: list[float], skip: list[bool]):
+        self._lib, self._clock, self._skip = lib, clock, skip
 
     def __getattr__(self, name: str) -> Any:
         entry = getattr(self._lib, name)
         if name not in ("cx_forward", "cx_backward"):
             return entry
-        clock = self._clock
+        clock, skip = self._clock, self._skip
 
         def timed(*args: Any) -> Any:
+            if skip[0]:
+                return 0
             start = time.perf_counter()
             try:
                 return entry(*args)
@@ -68,7 +74,7 @@ def _worker(data_dir: Path, out_dir: Path) -> None:
     rng = np.random.default_rng(0)
     lstm = cortexc.load(EXAMPLES / "lstm.cell", out_dir / "lstm")
     sst = cortexc.load(EXAMPLES / "binary_treelstm.cell", out_dir / "sst", V=18282)
-    clock = [0.0]
+    clock, skip = [0.0], [False]
     cases: dict[str, Any] = {}
     lines = (data_dir / "dev.txt").read_text(encoding="utf-8").splitlines()
     for T, B in ((1000, 1), (1000, 10), (100, 100)):
@@ -84,10 +90,12 @@ def _worker(data_dir: Path, out_dir: Path) -> None:
         cases[f"sst {trees}"] = (sst.BinaryTreeLSTM(seed=0), forest, {"word": words}, {"logits": up})
     for model, *_ in cases.values():
         executor = model._executor_for_device()
-        executor.lib = _TimedLibrary(executor.lib, clock)
+        executor.lib = _TimedLibrary(executor.lib, clock, skip)
 
     def run(name: str, mode: str, calls: int) -> tuple[float, float]:
         model, forest, inputs, upstream = cases[name]
+        skip[0] = mode.endswith("-py")
+        mode = mode.removesuffix("-py")
         clock[0] = 0.0
         start = time.perf_counter()
         for _ in range(calls):
@@ -98,7 +106,7 @@ def _worker(data_dir: Path, out_dir: Path) -> None:
         return (time.perf_counter() - start) / calls, clock[0] / calls
 
     for name in cases:  # warm-up: libraries loaded, scratch mapped
-        for mode in MODES:
+        for mode in RUNS:
             run(name, mode, 3)
     print(json.dumps({"ready": cortexc.__file__}), flush=True)
     for line in sys.stdin:
@@ -148,7 +156,7 @@ def main() -> None:
     for round_ in range(args.rounds):
         order = list(workers) if round_ % 2 == 0 else list(workers)[::-1]
         for name in CASES:
-            for mode in MODES:
+            for mode in RUNS:
                 for tag in order:
                     result = _ask(workers[tag], [name, mode, calls[name]])
                     samples.setdefault((name, mode, tag), []).append(tuple(result))
@@ -158,23 +166,38 @@ def main() -> None:
         worker.wait()
     rows = []
     header = (
-        f"{'case':<14}{'mode':<7}{'':>2}{'before total ms':>17}{'after total ms':>16}{'before over us':>16}"
-        f"{'after over us':>15}{'total b/a':>11}"
+        f"{'case':<14}{'mode':<7}{'before ms':>17}{'after ms':>17}{'b/a':>7}"
+        f"{'before py us':>15}{'after py us':>15}{'before over':>14}{'after over':>13}"
     )
-    print(f"\nOMP_NUM_THREADS=1, {args.rounds} alternating rounds; min / median; over = total - compiled call")
+    print(
+        f"\nOMP_NUM_THREADS=1, {args.rounds} alternating rounds; min/median of each. ms: a whole call; py: the "
+        "same with the compiled calls skipped (the Python side alone); over: a whole call minus its compiled "
+        "calls (the Python side as it runs, with the allocator's page faults)"
+    )
     print(header)
+
+    def stat(values: list[float], scale: float) -> str:
+        return f"{min(values) * scale:.0f}/{statistics.median(values) * scale:.0f}"
+
     for name in CASES:
         for mode in MODES:
-            stats = {}
+            row: dict[str, Any] = {"case": name, "mode": mode}
             for tag in workers:
-                totals = [t for t, _ in samples[(name, mode, tag)]]
-                overs = [t - c for t, c in samples[(name, mode, tag)]]
-                stats[tag] = (min(totals), statistics.median(totals), min(overs), statistics.median(overs))
-            b, a = stats["before"], stats["after"]
-            rows.append({"case": name, "mode": mode, "before": b, "after": a})
+                whole = samples[(name, mode, tag)]
+                row[tag] = {
+                    "total_s": [t for t, _ in whole],
+                    "over_s": [t - c for t, c in whole],
+                    "python_s": [t for t, _ in samples[(name, f"{mode}-py", tag)]],
+                }
+            rows.append(row)
+            b, a = row["before"], row["after"]
+            ratio = statistics.median(b["total_s"]) / statistics.median(a["total_s"])
             print(
-                f"{name:<14}{mode:<7}{'':>2}{b[0] * 1e3:>8.3f}/{b[1] * 1e3:<8.3f}{a[0] * 1e3:>7.3f}/{a[1] * 1e3:<8.3f}"
-                f"{b[2] * 1e6:>7.0f}/{b[3] * 1e6:<8.0f}{a[2] * 1e6:>6.0f}/{a[3] * 1e6:<8.0f}{b[1] / a[1]:>8.2f}x"
+                f"{name:<14}{mode:<7}"
+                f"{min(b['total_s']) * 1e3:>8.3f}/{statistics.median(b['total_s']) * 1e3:<8.3f}"
+                f"{min(a['total_s']) * 1e3:>8.3f}/{statistics.median(a['total_s']) * 1e3:<8.3f}{ratio:>6.2f}x"
+                f"{stat(b['python_s'], 1e6):>15}{stat(a['python_s'], 1e6):>15}"
+                f"{stat(b['over_s'], 1e6):>14}{stat(a['over_s'], 1e6):>13}"
             )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
