@@ -74,7 +74,8 @@ def check_inputs(
             if array.dtype.kind not in "iu":  # np.integer's kinds (a bool array is not one)
                 raise InputError(f"input {name} is an index input and must be integers, got dtype {array.dtype}")
             # two reductions say whether any index is out of range; only then look for the first one
-            if n and (int(array.min()) < 0 or int(array.max()) >= decl.index_range):
+            limit = decl.index_range or 0  # set for every index input
+            if n and (int(array.min()) < 0 or int(array.max()) >= limit):
                 bad = np.flatnonzero((array < 0) | (array >= decl.index_range))
                 node = int(bad[0])
                 raise InputError(
