@@ -8,9 +8,12 @@ struct `cx_call`, from `abi.CALL_FIELDS`) and calls `cx_forward`.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import threading
 import time
+import weakref
+from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,6 +53,10 @@ ADAPT_VARIABLE = "CORTEXC_ADAPT_THREADS"
 LOADAVG = "/proc/loadavg"
 #: how long the OpenMP workers of a call may still spin after it (GOMP_SPINCOUNT spins), runnable but ours
 SPIN_WINDOW_S = 0.002
+#: how long one reading of /proc/loadavg serves the calls that follow (a reading is an instant's sample anyway)
+LOAD_REFRESH_S = 0.005
+#: the machine's CPUs (`os.cpu_count` reads sysfs each time: ~10 us, once here)
+CPUS = os.cpu_count() or 1
 
 
 def runnable_others(loadavg: bytes, own_spinning: int) -> int | None:
@@ -64,17 +71,28 @@ def runnable_others(loadavg: bytes, own_spinning: int) -> int | None:
 class _Machine:
     """Whether other processes take cores now: a call runs on at most the CPUs the others leave free, so a
     busy neighbour turns a call to one thread instead of making every level barrier wait a time slice for
-    a thread that has no core. Read per call (one pread of /proc/loadavg, ~1 us); where that file does not
-    exist nothing is capped. A worker of our previous call still spinning counts as ours, not as load."""
+    a thread that has no core. Read from /proc/loadavg (one pread, ~1 us) at most every `LOAD_REFRESH_S`:
+    calls that follow each other closely share a reading; where that file does not exist nothing is
+    capped. A worker of our previous call still spinning counts as ours, not as load."""
 
     def __init__(self) -> None:
         self.fd: int | None = None
         self.opened = False
         self.last_end = 0.0
         self.last_threads = 1
+        self.reading = (-1.0, 0)  # (when, free CPUs): one value, replaced whole (calls from several threads)
 
     def free_cpus(self) -> int:
         """CPUs not taken by other runnable threads (at least 1), or 0 when unknown."""
+        now = time.monotonic()
+        when, free = self.reading
+        if 0.0 <= now - when < LOAD_REFRESH_S:
+            return free
+        free = self._read(now)
+        self.reading = (now, free)
+        return free
+
+    def _read(self, now: float) -> int:
         if not self.opened:
             self.opened = True
             try:
@@ -87,9 +105,9 @@ class _Machine:
             text = os.pread(self.fd, 128, 0)
         except OSError:
             return 0
-        spinning = self.last_threads - 1 if time.monotonic() - self.last_end < SPIN_WINDOW_S else 0
+        spinning = self.last_threads - 1 if now - self.last_end < SPIN_WINDOW_S else 0
         others = runnable_others(text, spinning)
-        return 0 if others is None else max(1, (os.cpu_count() or 1) - others)
+        return 0 if others is None else max(1, CPUS - others)
 
     def ended(self, threads: int) -> None:
         self.last_end, self.last_threads = time.monotonic(), max(threads, 1)
@@ -100,10 +118,23 @@ MACHINE = _Machine()
 
 def _pointers(arrays: Sequence[np.ndarray | None]) -> Any:
     """A C array of pointers (NULL for None); the caller keeps the arrays alive."""
-    table = (_P * max(len(arrays), 1))()
-    for index, array in enumerate(arrays):
-        table[index] = None if array is None else array.ctypes.data
-    return table
+    return (_P * max(len(arrays), 1))(*[None if array is None else array.ctypes.data for array in arrays])
+
+
+def _state_arrays(n: int, shapes: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    """The state arrays of a forward: N + 1 rows, of which the C code writes rows 0..N-1 (every block of a
+    cell assigns every state, and every node runs one), so only row N, the "missing child" row the kernels
+    read for absent children, is zeroed here: no zero-fill of the N rows (~0.2 ms a call on 10k nodes)."""
+    states = []
+    for shape in shapes:
+        state = _empty((n + 1, *shape), np.float32)
+        state[n] = 0.0
+        states.append(state)
+    return states
+
+
+#: how `_state_arrays` allocates (a test swaps in NaN-filled memory to show that nothing else is read)
+_empty = np.empty
 
 
 class Saved:
@@ -148,6 +179,69 @@ class _Scratch(threading.local):
         return out
 
 
+class _Recycled:
+    """The memory of what forwards kept for a backward (`Saved`: full states, hoisted rows, input copies),
+    taken back once that `Saved` is gone and handed to the next such forward. Why: a training step's kept
+    arrays (a 1000 x 10 chain LSTM: ~16 MB) would be fresh memory each step, and glibc gives a freed heap
+    top that large back to the kernel, so every step page-faults it in again (measured: ~20% of the step).
+    Buffers are flat 4-byte words viewed as the array's dtype (float32, int32). Shared by threads (a
+    `Saved` may die on another thread, inside the garbage collector): deques, no lock. Keeps at most
+    `KEEP` buffers per slot (one per kept array of a forward in flight), each of the size it was made."""
+
+    KEEP = 2
+
+    def __init__(self) -> None:
+        self.free: dict[tuple[str, int], deque[np.ndarray]] = {}
+
+    def take(self, slot: tuple[str, int], words: int) -> np.ndarray:
+        pool = self.free.get(slot)
+        while pool:
+            try:
+                flat = pool.pop()
+            except IndexError:  # taken by another thread since the check
+                break
+            if flat.size >= words:
+                return flat
+        return _empty(max(words, 1), np.float32)
+
+    def give(self, buffers: list[tuple[tuple[str, int], np.ndarray]]) -> None:
+        for slot, flat in buffers:
+            pool = self.free.setdefault(slot, deque())
+            if len(pool) < self.KEEP:
+                pool.append(flat)
+
+
+class _Kept:
+    """The arrays one forward keeps for its backward, from `_Recycled` memory: given back when the `Saved`
+    that holds them is collected (nothing else holds them: the caller gets copies of the states)."""
+
+    def __init__(self, recycled: _Recycled) -> None:
+        self.recycled = recycled
+        self.buffers: list[tuple[tuple[str, int], np.ndarray]] = []
+
+    def array(self, slot: tuple[str, int], shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        if dtype.itemsize != 4:  # pragma: no cover - the executor's arrays are float32 and int32
+            return np.empty(shape, dtype)
+        words = math.prod(shape)
+        flat = self.recycled.take(slot, words)
+        self.buffers.append((slot, flat))
+        return flat[:words].view(dtype).reshape(shape)
+
+    def states(self, n: int, shapes: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """As `_state_arrays`: rows 0..N-1 as the memory was (the C code writes them), row N zeroed."""
+        states = []
+        for index, shape in enumerate(shapes):
+            state = self.array(("state", index), (n + 1, *shape))
+            state[n] = 0.0
+            states.append(state)
+        return states
+
+    def hold_until_gone(self, saved: Saved) -> None:
+        finalizer = weakref.finalize(saved, self.recycled.give, self.buffers)
+        finalizer.atexit = False  # nothing to give back at exit
+
+
 class CpuExecutor:
     """Runs one compiled cell. `spec` is the cell's entry of the generated JSON."""
 
@@ -160,7 +254,11 @@ class CpuExecutor:
         # a `load_params` from another thread during a call (ctypes lets go of the GIL) neither mixes old and
         # new weights nor frees the ones the C code is reading
         self._weights: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
+        # the pointer tables of those weights, built once per set_params/repack: (params, packed, their tables),
+        # one value; `_call` uses them only for these very lists (identity), so a replaced value is never read
+        self._weight_tables: tuple[Any, ...] = (None, None, None, None)
         self._scratch = _Scratch()
+        self._recycled = _Recycled()
 
     def _declare_entry_points(self) -> None:
         self.lib.cx_forward.argtypes = [ctypes.POINTER(CxCall)]
@@ -195,7 +293,7 @@ class CpuExecutor:
     def _launch_forward(self, call: ctypes.Structure, lin: Linearized) -> None:
         limit = self._set_threads()
         failed = self.lib.cx_forward(ctypes.byref(call)) != 0
-        MACHINE.ended(limit or (os.cpu_count() or 1))
+        MACHINE.ended(limit or CPUS)
         if failed:
             raise CortexcError("the compiled forward could not allocate its scratch memory")
 
@@ -204,7 +302,7 @@ class CpuExecutor:
     ) -> None:
         limit = self._set_threads()
         failed = self.lib.cx_backward(ctypes.byref(call), ctypes.byref(grad)) != 0
-        MACHINE.ended(limit or (os.cpu_count() or 1))
+        MACHINE.ended(limit or CPUS)
         if failed:
             raise CortexcError("the compiled backward could not allocate its scratch memory")
 
@@ -212,12 +310,18 @@ class CpuExecutor:
         """Keep the params and pack the GEMM weights (stacked as the program says) once."""
         abi = self.spec["abi"]
         arrays = [np.ascontiguousarray(params[name], dtype=np.float32) for name in abi["params"]]
-        self._weights = (arrays, packed_weights(self.lib, self.spec, params))
+        self._keep_weights(arrays, packed_weights(self.lib, self.spec, params))
+
+    def _keep_weights(self, params: list[np.ndarray], packed: list[np.ndarray]) -> None:
+        """Store the weights and their pointer tables (tables first: a call that sees the new weights and the
+        old tables only misses the fast path, it never reads the old tables for the new weights)."""
+        self._weight_tables = (params, packed, _pointers(params), _pointers(packed))
+        self._weights = (params, packed)
 
     def repack(self, params: Mapping[str, np.ndarray]) -> None:
         """Pack the GEMM weights again from these params (for callers that pass params per call, which
         `run_forward`/`run_backward` then read with these packed weights)."""
-        self._weights = (self._weights[0], packed_weights(self.lib, self.spec, params))
+        self._keep_weights(self._weights[0], packed_weights(self.lib, self.spec, params))
 
     def _call(
         self,
@@ -230,31 +334,39 @@ class CpuExecutor:
         outputs: Sequence[np.ndarray],
         dropout: Dropout = EVAL,
     ) -> tuple[ctypes.Structure, list[Any]]:
-        """The `cx_call` struct over these arrays, and what must outlive it (the pointer tables, the weights)."""
+        """The `cx_call` struct over these arrays, and what must outlive it (the pointer tables, the weights).
+        The forest's addresses are read once per linearization (`Linearized.addresses`), the weights' tables
+        once per `set_params`/`repack` (when these are the executor's own weights)."""
+        level_order, level_ptr, edge_ptr, edge_child, roots = lin.addresses
+        weight_tables = self._weight_tables
+        if weight_tables[0] is params and weight_tables[1] is packed:
+            params_table, packed_table = weight_tables[2], weight_tables[3]
+        else:
+            params_table, packed_table = _pointers(params), _pointers(packed)
+        inputs_table, states_table = _pointers(input_arrays), _pointers(states)
+        hoisted_table, outputs_table = _pointers(hoisted), _pointers(outputs)
+        address = ctypes.addressof
         call = CxCall(
             num_nodes=lin.num_nodes,
             num_levels=lin.num_levels,
             max_children=lin.max_children,
             num_roots=len(lin.roots),
-            level_order=lin.level_order.ctypes.data,
-            level_ptr=lin.level_ptr.ctypes.data,
-            edge_ptr=lin.edge_ptr.ctypes.data,
-            edge_child=lin.edge_child.ctypes.data,
-            roots=lin.roots.ctypes.data,
+            level_order=level_order,
+            level_ptr=level_ptr,
+            edge_ptr=edge_ptr,
+            edge_child=edge_child,
+            roots=roots,
+            params=address(params_table),
+            packed=address(packed_table),
+            inputs=address(inputs_table),
+            states=address(states_table),
+            hoisted=address(hoisted_table),
+            outputs=address(outputs_table),
             dropout_seed=dropout.seed,
             dropout_train=int(dropout.train),
         )
-        tables = {
-            "params": _pointers(params),
-            "packed": _pointers(packed),
-            "inputs": _pointers(input_arrays),
-            "states": _pointers(states),
-            "hoisted": _pointers(hoisted),
-            "outputs": _pointers(outputs),
-        }
-        for field, table in tables.items():
-            setattr(call, field, ctypes.cast(table, _P))
-        return call, [*tables.values(), params, packed]
+        tables = (params_table, packed_table, inputs_table, states_table, hoisted_table, outputs_table)
+        return call, [*tables, params, packed, lin]
 
     def run_forward(
         self,
@@ -310,12 +422,14 @@ class CpuExecutor:
         memory here anyway.)"""
         abi = self.spec["abi"]
         n = lin.num_nodes
-        states = [np.zeros((n + 1, *shape), np.float32) for shape in self.spec["state_shapes"]]
         internal = n - lin.num_leaves
         widths = self.spec["hoisted_widths"]
-        if keep:  # kept for the backward: its own arrays
-            hoisted = [np.empty((internal, width), np.float32) for width in widths]
+        kept = _Kept(self._recycled) if keep else None
+        if kept is not None:  # kept for the backward: arrays of its own (recycled memory, see `_Recycled`)
+            states = kept.states(n, self.spec["state_shapes"])
+            hoisted = [kept.array(("hoisted", i), (internal, width)) for i, width in enumerate(widths)]
         else:
+            states = _state_arrays(n, self.spec["state_shapes"])
             hoisted = self._scratch.arrays("hoisted", [(internal, width) for width in widths], zero=False)
         outputs = []
         for out in self.spec["outputs"]:
@@ -323,12 +437,23 @@ class CpuExecutor:
             outputs.append(np.empty((rows, *out["shape"]), np.float32))
         # kept for a backward: the inputs are copied (they may be the caller's arrays) and the states returned
         # as copies, so editing either afterwards cannot change the gradients (one copy of each, O(N * width))
-        input_arrays = [inputs[name].copy() if keep else inputs[name] for name in abi["inputs"]]
+        input_arrays = [inputs[name] for name in abi["inputs"]]
+        if kept is not None:
+            copies = []
+            for index, array in enumerate(input_arrays):
+                copy = kept.array(("input", index), array.shape, array.dtype)
+                np.copyto(copy, array)
+                copies.append(copy)
+            input_arrays = copies
         params, packed = self._weights  # one value: a concurrent load_params neither mixes nor frees them
         self.run_forward(lin, params, input_arrays, states, hoisted, outputs, packed, dropout)
         result = {name: state[:n].copy() if keep else state[:n] for name, state in zip(abi["states"], states)}
         result.update(zip(abi["outputs"], outputs))
-        return result, (Saved(lin, input_arrays, states, hoisted, dropout) if keep else None)
+        if kept is None:
+            return result, None
+        saved = Saved(lin, input_arrays, states, hoisted, dropout)
+        kept.hold_until_gone(saved)
+        return result, saved
 
     def backward(
         self, saved: Saved, upstream: Mapping[str, np.ndarray], param_shapes: Mapping[str, tuple[int, ...]]

@@ -40,9 +40,13 @@ _INT32_MAX = int(np.iinfo(np.int32).max)
 
 
 def _readonly(array: np.ndarray) -> np.ndarray:
-    """Mark an array the forest owns as read-only (the forest is immutable)."""
+    """A read-only view of an array the forest owns, over a read-only base: the forest is immutable, and
+    what is derived from it once (`derived`) is kept, so its arrays must not be made writeable again
+    (NumPy refuses ``flags.writeable = True`` on a view whose base is read-only)."""
     array.flags.writeable = False
-    return array
+    view = array.view()
+    view.flags.writeable = False
+    return view
 
 
 def _as_index_array(values: Any, what: str) -> np.ndarray:
@@ -232,6 +236,9 @@ class Forest:
 
     Scalars: ``num_nodes``, ``num_trees`` (number of roots), ``num_levels``,
     ``max_children``, ``is_tree`` (no node has more than one parent).
+
+    ``derived`` holds what the runtime computes from the structure once and reuses on every call (the
+    linearization, by `cortexc.runtime.linearize`); it is not pickled.
     """
 
     child_ptr: np.ndarray
@@ -247,6 +254,7 @@ class Forest:
     level_ptr: np.ndarray
     labels: np.ndarray | None
     words: list[Any] | None
+    derived: dict[str, Any]
     num_nodes: int
     num_trees: int
     num_levels: int
@@ -342,6 +350,17 @@ class Forest:
         set_(self, "num_levels", num_levels)
         set_(self, "max_children", int(num_children.max()) if num_nodes else 0)
         set_(self, "is_tree", bool(num_nodes == 0 or num_parents.max() <= 1))
+        set_(self, "derived", {})
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without `derived` (the receiver derives it again)."""
+        return {name: value for name, value in self.__dict__.items() if name != "derived"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled arrays come back writeable: made read-only again, as the forest's own are."""
+        for name, value in state.items():
+            object.__setattr__(self, name, _readonly(value) if isinstance(value, np.ndarray) else value)
+        object.__setattr__(self, "derived", {})
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"Forest is immutable; cannot set {name!r}")

@@ -4,11 +4,16 @@
 for every level-order position, its children as one contiguous edge range
 (``edge_ptr``/``edge_child``), so a tile of consecutive nodes of a level has
 consecutive child edges. Vectorised: no Python per node.
+
+A forest is immutable, so its linearization is computed once and kept in the forest's `derived` (not
+pickled): a model called again and again on one forest (a benchmark, a serving loop, an epoch over
+fixed batches) pays for it once. Its arrays are read-only like the forest's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -31,8 +36,27 @@ class Linearized:
     def num_leaves(self) -> int:
         return int(self.level_ptr[1]) if self.num_levels else 0
 
+    @cached_property
+    def addresses(self) -> tuple[int, int, int, int, int]:
+        """The addresses of level_order, level_ptr, edge_ptr, edge_child and roots (the `cx_call` order),
+        read once: the arrays live as long as this value."""
+        arrays = (self.level_order, self.level_ptr, self.edge_ptr, self.edge_child, self.roots)
+        return tuple(a.ctypes.data for a in arrays)  # type: ignore[return-value]
+
 
 def linearize(forest: Forest) -> Linearized:
+    """The forest's linearization (computed on the first call for this forest object, then kept on it).
+
+    Threads that race on a new forest each compute an equal value and one of them is kept: no lock needed."""
+    cached = forest.derived.get("linearized")
+    if cached is None:
+        cached = _linearize(forest)
+        cached.addresses  # noqa: B018  # read once here, not per call
+        forest.derived["linearized"] = cached
+    return cached
+
+
+def _linearize(forest: Forest) -> Linearized:
     order = np.ascontiguousarray(forest.level_order, dtype=np.int64)
     edge_ptr = counts_to_ptr(np.asarray(forest.num_children, dtype=np.int64)[order])
     edge_child = np.ascontiguousarray(gather_segments(forest.child_ptr, forest.child_idx, order), dtype=np.int64)
@@ -43,9 +67,17 @@ def linearize(forest: Forest) -> Linearized:
         num_nodes=forest.num_nodes,
         num_levels=max(forest.num_levels, 1),
         max_children=int(forest.max_children),
-        level_order=order,
-        level_ptr=level_ptr,
-        edge_ptr=edge_ptr,
-        edge_child=edge_child,
-        roots=np.ascontiguousarray(forest.roots, dtype=np.int64),
+        level_order=_readonly(order),
+        level_ptr=_readonly(level_ptr),
+        edge_ptr=_readonly(edge_ptr),
+        edge_child=_readonly(edge_child),
+        roots=_readonly(np.ascontiguousarray(forest.roots, dtype=np.int64)),
     )
+
+
+def _readonly(array: np.ndarray) -> np.ndarray:
+    """A read-only view over a read-only base (kept for every later call: no one may make it writeable)."""
+    array.flags.writeable = False
+    view = array.view()
+    view.flags.writeable = False
+    return view

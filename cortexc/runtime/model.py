@@ -28,6 +28,7 @@ from cortexc.errors import CortexcError, InputError, OutputError
 from cortexc.runtime.backends import BACKENDS, ExecutorRequest, backend
 from cortexc.runtime.executor import Executor
 from cortexc.runtime.forest import Forest
+from cortexc.runtime.linearize import linearize
 from cortexc.runtime.params import check_params, init_params, take_over, write_params_file
 from cortexc.runtime.philox import EVAL, SEED_LIMIT, Dropout, checked_seed
 from cortexc.runtime.signature import CellSignature
@@ -160,8 +161,6 @@ class CellModel:
         dropout = self._dropout_mode(train, dropout_seed)
         check_forest(self.signature, forest)
         checked = check_inputs(self.signature, forest, inputs)
-        from cortexc.runtime.linearize import linearize
-
         executor = self._executor_for_device()
         out, kept = executor.forward(linearize(forest), checked, keep=grad, host=host, dropout=dropout)
         result = Outputs(out)

@@ -71,10 +71,12 @@ def check_inputs(
         if decl.is_index:
             if array.shape != (n,):
                 raise InputError(f"input {name} must have shape ({n},) (one index per node), got {array.shape}")
-            if not np.issubdtype(array.dtype, np.integer):
+            if array.dtype.kind not in "iu":  # np.integer's kinds (a bool array is not one)
                 raise InputError(f"input {name} is an index input and must be integers, got dtype {array.dtype}")
-            bad = np.flatnonzero((array < 0) | (array >= decl.index_range))
-            if bad.size:
+            # two reductions say whether any index is out of range; only then look for the first one
+            limit = decl.index_range or 0  # set for every index input
+            if n and (int(array.min()) < 0 or int(array.max()) >= limit):
+                bad = np.flatnonzero((array < 0) | (array >= decl.index_range))
                 node = int(bad[0])
                 raise InputError(
                     f"input {name}: node {node} has index {int(array[node])}, outside "
@@ -85,7 +87,7 @@ def check_inputs(
             expected = (n, *decl.shape)
             if array.shape != expected:
                 raise InputError(f"input {name} must have shape {expected} (one row per node), got {array.shape}")
-            if not np.issubdtype(array.dtype, np.floating):
+            if array.dtype.kind != "f":  # np.floating's kind
                 raise InputError(f"input {name} must be float32, got dtype {array.dtype}")
             checked[name] = np.ascontiguousarray(array, dtype=dtype)
     return checked

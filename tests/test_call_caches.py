@@ -1,0 +1,295 @@
+"""What the CPU runtime keeps between calls to make a call cheap, and why none of it can give stale or
+garbage results: the linearization kept on a `Forest` (immutable, its arrays impossible to make writeable
+again, dropped when pickled), the weights' pointer tables kept per `set_params`, the /proc/loadavg reading
+kept a few ms, and state arrays that are not zero-filled (the C code writes every row but the zero row)."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import cortexc
+import cortexc.runtime.cpu as cpu
+from cortexc import Forest
+from cortexc.runtime import linearize as linearize_module
+from cortexc.runtime.linearize import linearize
+from tests.helpers import EXAMPLES, random_inputs, relative_error
+
+#: examples with small dims: a chain cell, a tree cell with an index input and an output, a DAG cell
+CELLS = {
+    "lstm": ("lstm.cell", {}),
+    "binary_treelstm": ("binary_treelstm.cell", dict(V=64, X=16, H=12)),
+    "treelstm": ("treelstm.cell", dict(X=16, H=12)),
+    "dagrnn": ("dagrnn.cell", {}),
+}
+
+
+@pytest.fixture(scope="module")
+def modules(tmp_path_factory):
+    root = tmp_path_factory.mktemp("callcache")
+    return {key: cortexc.load(EXAMPLES / file, root / key, **dims) for key, (file, dims) in CELLS.items()}
+
+
+def _model(module, device: str = "cpu", seed: int = 1):
+    return getattr(module, module.__all__[0])(device=device, seed=seed)
+
+
+def _chains(*lengths: int) -> Forest:
+    return Forest.concat([Forest.from_parents(np.r_[np.arange(1, n), -1]) for n in lengths])
+
+
+def _forest(key: str, rng: np.random.Generator, size: int = 40) -> Forest:
+    if key == "lstm":
+        return _chains(*(int(n) for n in rng.integers(1, size, 5)))
+    if key == "dagrnn":
+        return Forest.random_dag(size * 3, rng=rng)
+    if key == "binary_treelstm":  # nodes with one child above the leaves: child[1] reads the zero row N
+        return Forest.concat([Forest.from_parents([1, 3, 3, -1]), Forest.random(6, rng=rng, max_children=2)])
+    return Forest.random(6, rng=rng, max_nodes=size)
+
+
+def _assert_equal_results(got, want, label: str) -> None:
+    assert got.keys() == want.keys(), label
+    for name in want:
+        assert (np.asarray(got[name]) == np.asarray(want[name])).all(), f"{label}: {name}"
+
+
+# ----------------------------------------------------------------------------- the forest's linearization
+
+
+def test_linearization_is_kept_on_the_forest_and_equals_a_fresh_one(rng):
+    forest = Forest.random(8, rng=rng, max_nodes=30)
+    first = linearize(forest)
+    assert linearize(forest) is first  # computed once
+    fresh = linearize_module._linearize(forest)
+    for field in ("level_order", "level_ptr", "edge_ptr", "edge_child", "roots"):
+        assert (getattr(first, field) == getattr(fresh, field)).all(), field
+    assert (first.num_nodes, first.num_levels, first.max_children) == (
+        fresh.num_nodes,
+        fresh.num_levels,
+        fresh.max_children,
+    )
+    addresses = [getattr(first, f).ctypes.data for f in ("level_order", "level_ptr", "edge_ptr", "edge_child", "roots")]
+    assert list(first.addresses) == addresses
+
+
+def test_kept_arrays_cannot_be_made_writeable(rng):
+    """The forest's arrays and its kept linearization's are read-only for good: a cache over them can only
+    be stale if they change, and NumPy refuses to make them writeable again."""
+    forest = Forest.random(5, rng=rng, max_nodes=20)
+    lin = linearize(forest)
+    arrays = [forest.child_ptr, forest.child_idx, forest.level, forest.level_order, forest.level_ptr, forest.roots]
+    arrays += [lin.level_order, lin.level_ptr, lin.edge_ptr, lin.edge_child, lin.roots]
+    for array in arrays:
+        assert not array.flags.writeable
+        with pytest.raises(ValueError):
+            array.flags.writeable = True
+        with pytest.raises(ValueError):
+            array[...] = 0
+    with pytest.raises(AttributeError):
+        forest.derived = {}  # type: ignore[misc]
+
+
+def test_a_pickled_forest_leaves_the_kept_linearization_behind(rng):
+    forest = Forest.random(5, rng=rng, max_nodes=20)
+    lin = linearize(forest)
+    copy = pickle.loads(pickle.dumps(forest))
+    assert copy.derived == {}
+    for name in ("child_ptr", "child_idx", "level", "level_order", "level_ptr", "roots", "parents"):
+        array = getattr(copy, name)
+        assert (array == getattr(forest, name)).all()
+        assert not array.flags.writeable
+        with pytest.raises(ValueError):
+            array.flags.writeable = True
+    again = linearize(copy)
+    assert again is not lin and (again.edge_child == lin.edge_child).all()
+
+
+def _relabelled(forest: Forest, new_id: np.ndarray) -> Forest:
+    """The same forest with node i renamed new_id[i] (children kept in their order)."""
+    old_of = np.argsort(new_id)
+    counts = forest.num_children[old_of]
+    child_idx = np.concatenate([new_id[forest.children(old)] for old in old_of] or [np.zeros(0, np.int64)])
+    return Forest(np.r_[0, np.cumsum(counts)], child_idx)
+
+
+@pytest.mark.parametrize("key", list(CELLS))
+def test_forests_of_one_shape_in_turn_give_their_own_results(key, modules, rng):
+    """Forests with the same node count, levels and edges (one forest with its nodes renamed), run in turn
+    on one model, with their inputs renamed alike: each gives the first one's results renamed, whatever
+    ran before it, and so do new objects of equal structure: nothing kept for one forest is used for
+    another (a cache keyed by shape would give the first forest's rows)."""
+    base = _forest(key, rng)
+    model = _model(modules[key])
+    inputs = random_inputs(model.signature, base, rng)
+    want = model(base, **inputs)
+    cases = [(base, np.arange(base.num_nodes))]
+    for _ in range(2):
+        # renamings that keep children before parents (the kept levels' order): shuffle within each level
+        new_id = np.empty(base.num_nodes, np.int64)
+        order = np.concatenate([rng.permutation(base.level_nodes(k)) for k in range(base.num_levels)])
+        new_id[order] = np.arange(base.num_nodes)
+        cases.append((_relabelled(base, new_id), new_id))
+    for round_ in range(3):
+        for index, (forest, new_id) in enumerate(cases):
+            if round_ == 2:
+                forest = Forest(forest.child_ptr, forest.child_idx)  # equal structure, a new object
+            renamed = {}
+            for name, value in inputs.items():
+                renamed[name] = np.empty_like(value)
+                renamed[name][new_id] = value
+            got = model(forest, **renamed)
+            for name, value in want.items():
+                assert relative_error(got[name][new_id], value) < 1e-6, f"round {round_} forest {index}: {name}"
+
+
+@pytest.mark.parametrize("key", ["lstm", "binary_treelstm", "dagrnn"])
+def test_concurrent_calls_on_new_and_shared_forests(key, modules, rng):
+    """Threads calling one model at once, each on the shared forests and on forests it builds itself (so
+    several threads linearize a new forest at the same time), forward and backward, get the results of
+    sequential calls bit for bit."""
+    model = _model(modules[key])
+    forests = [_forest(key, np.random.default_rng(seed)) for seed in range(4)]
+    cases = []
+    for forest in forests:
+        inputs = random_inputs(model.signature, forest, rng)
+        out = model(forest, grad=True, **inputs)
+        upstream = {name: rng.standard_normal(value.shape).astype(np.float32) for name, value in out.items()}
+        cases.append((forest, inputs, upstream, dict(out), model.backward(out, upstream)))
+    errors: list[str] = []
+    start = threading.Barrier(4)
+
+    def work(thread: int) -> None:
+        start.wait()
+        for step in range(12):
+            forest, inputs, upstream, want, want_grads = cases[(thread + step) % len(cases)]
+            if step % 3 == 0:
+                forest = Forest(forest.child_ptr, forest.child_idx)  # new: linearized by this call
+            out = model(forest, grad=True, **inputs)
+            grads = model.backward(out, upstream)
+            for name, value in want.items():
+                if not (out[name] == value).all():
+                    errors.append(f"thread {thread} step {step}: {name}")
+            for name, value in want_grads.items():
+                if not (grads[name] == value).all():
+                    errors.append(f"thread {thread} step {step}: d{name}")
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors[:5]
+
+
+# ----------------------------------------------------------------------------- state arrays not zero-filled
+
+
+@pytest.mark.parametrize("key", list(CELLS))
+def test_state_arrays_from_nan_filled_memory_give_the_reference_results(key, modules, rng, monkeypatch):
+    """The forward's state arrays (and what a grad=True forward keeps) are not zero-filled: here their
+    memory starts as NaN, so a row the C code failed to write, or a "missing child" row N left unzeroed,
+    would show as NaN or differ from the interpreter, in the forward and in the backward (which reads the
+    kept states and hoisted rows)."""
+    filled = []
+
+    def nan_empty(shape, dtype):
+        array = np.full(shape, np.nan, dtype)
+        filled.append(array)
+        return array
+
+    monkeypatch.setattr(cpu, "_empty", nan_empty)
+    model = _model(modules[key])
+    reference = _model(modules[key], device="interp")
+    forest = _forest(key, rng)
+    inputs = random_inputs(model.signature, forest, rng)
+    expected = reference(forest, grad=True, **inputs)
+    inference = model(forest, **inputs)
+    assert len(filled) == len(model.signature.states)  # the inference took its states from there
+    out = model(forest, grad=True, **inputs)
+    assert len(filled) > len(model.signature.states)  # and so did the kept arrays of this one (`_Recycled`)
+    for result in (inference, out):
+        for name, value in expected.items():
+            assert np.isfinite(result[name]).all(), name
+            assert relative_error(result[name], value) < 1e-5, name
+    upstream = {name: rng.standard_normal(value.shape).astype(np.float32) for name, value in expected.items()}
+    grads, want = model.backward(out, upstream), reference.backward(expected, upstream)
+    for name, value in want.items():
+        assert np.isfinite(grads[name]).all(), f"d{name}"
+        assert relative_error(grads[name], value) < 1e-5, f"d{name}"
+
+
+# ----------------------------------------------------------------------------- weights and thread caps
+
+
+def test_pointer_tables_follow_load_params(modules, rng):
+    """The weights' pointer tables are built once per `load_params`: after one, a call reads the new
+    weights (a table kept for the old ones would give the old results)."""
+    model = _model(modules["lstm"])
+    forest = _chains(30, 7)
+    x = rng.standard_normal((forest.num_nodes, 32)).astype(np.float32)
+    before = model(forest, x=x)["h"]
+    params = {name: value * 0.5 for name, value in model.params.items()}
+    model.load_params(params)
+    after = model(forest, x=x)["h"]
+    fresh = _model(modules["lstm"])
+    fresh.load_params(params)
+    assert (after == fresh(forest, x=x)["h"]).all()
+    assert not (after == before).all()
+
+
+def test_the_load_reading_is_kept_a_few_ms_then_read_again(tmp_path, monkeypatch):
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text(f"1.00 1.00 1.00 {cpu.CPUS + 5}/200 1\n")  # every CPU taken by others
+    monkeypatch.setattr(cpu, "LOADAVG", str(loadavg))
+    now = [1000.0]
+    monkeypatch.setattr(cpu, "time", SimpleNamespace(monotonic=lambda: now[0]))  # cpu's clock only
+    machine = cpu._Machine()
+    assert machine.free_cpus() == 1
+    loadavg.write_text("1.00 1.00 1.00 1/200 1\n")  # only the caller runs now
+    now[0] += cpu.LOAD_REFRESH_S / 2
+    assert machine.free_cpus() == 1  # the kept reading
+    now[0] += cpu.LOAD_REFRESH_S
+    assert machine.free_cpus() == cpu.CPUS  # read again
+    now[0] -= 10.0  # a clock that went back is no reason to keep a reading
+    loadavg.write_text(f"1.00 1.00 1.00 {cpu.CPUS + 5}/200 1\n")
+    assert machine.free_cpus() == 1
+
+
+# ----------------------------------------------------------------------------- recycled memory of kept arrays
+
+
+@pytest.mark.parametrize("key", ["lstm", "binary_treelstm"])
+def test_recycled_kept_memory_gives_fresh_results(key, modules, rng):
+    """What a `grad=True` forward keeps (states, hoisted rows, input copies) lives in memory recycled from
+    earlier forwards once their results are gone. Here that memory is poisoned with NaN before each
+    forward, forests grow and shrink, and a second kept forward runs between a forward and its backward:
+    every result and gradient equals a fresh model's bit for bit (a recycled buffer still in use, or one
+    whose zero row is not zeroed again, would differ)."""
+    model = _model(modules[key])
+    executor = model._executor_for_device()
+    sizes = [60, 10, 80, 5]
+    forests = [_forest(key, np.random.default_rng(seed), size) for seed, size in enumerate(sizes)]
+    taken = 0
+    for index, forest in enumerate(forests):
+        inputs = random_inputs(model.signature, forest, rng)
+        fresh = _model(modules[key])
+        want = fresh(forest, grad=True, **inputs)
+        upstream = {name: rng.standard_normal(value.shape).astype(np.float32) for name, value in want.items()}
+        want_grads = fresh.backward(want, upstream)
+        for pool in executor._recycled.free.values():
+            taken += len(pool)
+            for flat in pool:
+                flat[...] = np.nan
+        out = model(forest, grad=True, **inputs)
+        other = forests[(index + 1) % len(forests)]
+        between = model(other, grad=True, **random_inputs(model.signature, other, rng))  # holds its own memory
+        _assert_equal_results(out, want, f"forest {index}")
+        grads = model.backward(out, upstream)
+        _assert_equal_results(grads, want_grads, f"forest {index} gradients")
+        del out, between, grads
+    assert taken > 0  # the memory was recycled
