@@ -146,3 +146,34 @@ def test_a_skipped_output_leaves_its_term_out(rng, tmp_path_factory, monkeypatch
     assert not grads["W_s"].any() and not grads["b_s"].any()
     for key, value in expected.items():
         assert relative_error(grads[key], value) < 2e-5, f"d{key}"
+
+
+def test_the_torch_cpu_op_passes_the_factor_rows(rng, tmp_path_factory, monkeypatch):
+    """`cortexc.torch` on CPU gives the executor no factor rows of its own: the backward takes this
+    thread's scratch (poisoned here first), and the gradients still match the interpreter."""
+    torch = pytest.importorskip("torch")
+    from cortexc.torch import CellModule, ForestBatch
+
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    dims = {"X": 9, "H": 200, "V": 20, "C": 3}  # U_iou, U_f deferred
+    cls = cortexc.load(EXAMPLES / "binary_treelstm.cell", out_dir=tmp_path_factory.mktemp("pkg"), **dims).BinaryTreeLSTM
+    module = CellModule(cls, seed=4)
+    reference = cls(device="interp", seed=4)
+    reference.load_params({k: v.detach().numpy() for k, v in module.state_dict().items()})
+    forest = Forest.random(5, rng=rng, binary=True)
+    word = rng.integers(0, dims["V"], forest.num_nodes)
+    batch = ForestBatch.from_forest(forest)
+    module(batch, word=torch.as_tensor(word))["h"].sum().backward()  # makes the scratch
+    executors = [module.runner.executor]
+    for executor in executors:
+        for (slot, _), array in executor._scratch.slots.items():
+            if slot == "deferred":
+                array[...] = np.nan
+    assert any(slot == "deferred" for e in executors for slot, _ in e._scratch.slots)
+    module.zero_grad()
+    out = module(batch, word=torch.as_tensor(word))
+    expected = reference(forest, grad=True, word=word)
+    upstream = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in expected.items()}
+    sum((out[k] * torch.from_numpy(g)).sum() for k, g in upstream.items()).backward()
+    for name, value in reference.backward(expected, upstream).items():
+        assert relative_error(getattr(module, name).grad.numpy(), value) < 2e-5, name
