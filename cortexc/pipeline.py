@@ -133,7 +133,7 @@ def target_stage(programs: tuple[Program, ...], job: Job) -> tuple[tuple[TargetP
             if target.column_split:
                 variant = split_columns(variant)
             if target.defer_outer_products:
-                variant = defer_outer_products(variant)
+                variant = defer_outer_products(variant, target.defer_min_width)
             variants.append(TargetProgram(name, variant))
         per_cell.append(tuple(variants))
     return tuple(per_cell)

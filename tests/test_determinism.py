@@ -1,8 +1,9 @@
 """The compiled CPU code is bitwise reproducible: run to run, and between 1 and N threads.
 
-Every sum has one order whatever the threads (fixed tiles, weight gradients per chunk summed in chunk
-order, a DAG child's and an embedding row's gradient added in row order after each launch), so the
-forward and the backward of a forest are the same bits with 1, 2 or 3 threads. Thread counts are set
+Every sum has one order whatever the threads (fixed tiles, deferred weight gradients summed over their
+rows in order per output block, bias gradients per chunk summed in chunk order, a DAG child's and an
+embedding row's gradient added in row order after each launch), so the forward and the backward of a
+forest are the same bits with 1, 2 or 3 threads. Thread counts are set
 through `OMP_NUM_THREADS` in fresh processes (libgomp reads it once). The forests have levels of many
 tiles (more than the chunks) and levels of one row, so the threads' shared and single-thread paths both
 run; the schedule is also checked against the interpreter on forests mixing tiny and huge levels.
@@ -27,6 +28,10 @@ CELLS = {
     "dagrnn": ("dagrnn.cell", {"X": 12, "H": 20}),
     "binary_treelstm": ("binary_treelstm.cell", {"V": 40, "X": 12, "H": 10, "C": 3}),
     "lstm": ("lstm.cell", {"X": 7, "H": 9}),
+    # wide enough that the C backward defers the weight gradients (one GEMM per term whose output blocks
+    # the threads share, see driver_c_deferred.j2); W_s stays per tile
+    "binary_treelstm_wide": ("binary_treelstm.cell", {"V": 40, "X": 200, "H": 100, "C": 200}),
+    "dagrnn_wide": ("dagrnn.cell", {"X": 200, "H": 200}),
 }
 
 #: run in a fresh process: builds the forest and inputs from a seed, runs forward + backward `runs`
@@ -102,7 +107,7 @@ def _digests(package: str, cache: str, threads: int, seed: int, runs: int) -> li
     return json.loads(done.stdout.strip().splitlines()[-1])["digests"]
 
 
-@pytest.mark.parametrize("key", ["binary_treelstm", "dagrnn"])
+@pytest.mark.parametrize("key", ["binary_treelstm", "dagrnn", "binary_treelstm_wide", "dagrnn_wide"])
 def test_forward_and_backward_are_bitwise_equal_run_to_run_and_across_thread_counts(key, packages, rng):
     package, cache = packages[key]
     seed = int(rng.integers(0, 2**31))

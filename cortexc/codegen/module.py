@@ -66,6 +66,11 @@ def _step_json(step: Any) -> dict[str, Any]:
     return {"step": type(step).__name__.lower(), **fields}
 
 
+def _deferred_json(program: Program) -> list[dict[str, Any]]:
+    """A program's deferred weight-gradient terms, as the runtime sizes their factor rows."""
+    return [{"rows": t.rows.value, "m": t.m, "k": t.k, "param": t.param} for t in program.deferred or ()]
+
+
 def cell_spec(cell: Cell, program: Program, kernel_files: Mapping[str, str]) -> dict[str, Any]:
     return {
         "name": cell.name,
@@ -93,7 +98,7 @@ def cell_spec(cell: Cell, program: Program, kernel_files: Mapping[str, str]) -> 
         ],
         "abi": abi(cell, program),
         "kernels": dict(kernel_files),
-        "deferred": [{"rows": t.rows.value, "m": t.m, "k": t.k, "param": t.param} for t in program.deferred or ()],
+        "deferred": _deferred_json(program),  # the last target's (CUDA's when it is built): runtime/device.py
         "dropout_sites": len(
             {v.attr("site") for body in cell.bodies() for v in body.values if v.op == Op.DROPOUT}
         ),  # 0: training mode changes nothing (cortexc.torch then draws no seed)
@@ -124,6 +129,8 @@ def package_files(source: str, source_file: str, options: CompileOptions, render
         # the launch schedule is the same for every target but for the column split, which is the CUDA one's
         program = item.programs[-1].program
         spec = cell_spec(item.cell, program, kernel_files)
+        # the deferred weight gradients differ by target (C keeps small ones per tile): each kernel's own
+        spec["deferred_by_target"] = {v.target: _deferred_json(v.program) for v in item.programs}
         spec["kernel_sha256"] = hashes
         spec["launch"] = options.launch.to_json()
         specs.append(spec)

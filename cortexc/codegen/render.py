@@ -111,11 +111,9 @@ def render(program: Program, target: Target, source_file: str) -> str:
     if target.defer_outer_products and program.deferred is None:
         raise ValueError(f"the {target.name} target defers weight gradients: run passes.deferred first")
     deferred = deferred_outer_products(program) if target.defer_outer_products else []
-    kernels = [_kernel_context(cell, program, kernel, target, deferred) for kernel in program.kernels]
-    accumulators = [
-        {"param": name, "index": [p.name for p in cell.params].index(name), "offset": offset, "size": size}
-        for name, offset, size in program.accumulators
-    ]
+    accumulators = _accumulators(cell, program, deferred)
+    offsets = {a["param"]: a["offset"] for a in accumulators}
+    kernels = [_kernel_context(cell, program, kernel, target, deferred, offsets) for kernel in program.kernels]
     node, leaf = program.role(KernelRole.NODE), program.role(KernelRole.LEAF)
     split = node.split if target.column_split else None
     packed_index = {w.name: i for i, w in enumerate(program.packed)}
@@ -153,6 +151,9 @@ def render(program: Program, target: Target, source_file: str) -> str:
         max_child_ks=max((len(k.child_ks) for k in program.kernels), default=0),
         num_packed=max(1, len(program.packed)),
         deferred=[{**term, "param_index": [p.name for p in cell.params].index(term["param"])} for term in deferred],
+        deferred_params=_deferred_params(cell, deferred),
+        defer_tm=C_DEFER_TM,
+        defer_tk=C_DEFER_TK,
         split_period=split.period if split is not None else 0,
         split_weights=list(split_weights.values()),
         split_floats_per_unit=sum(w["periods"] * w["k"] for w in split_weights.values()),
@@ -200,7 +201,8 @@ _KERNEL_POSITIONS = {
 
 def deferred_outer_products(program: Program) -> list[dict[str, Any]]:
     """The program's deferred weight-gradient terms (`passes.deferred`) as template values: each with the
-    first and last row of the forest its factors cover (C expressions over `call`)."""
+    first and last row of the forest its factors cover (C expressions over `call`) and `when` its rows were
+    written (a C condition over `grad`, None: always)."""
     terms = []
     for term in program.deferred or ():
         kernel = program.kernel(term.kernel)
@@ -214,6 +216,14 @@ def deferred_outer_products(program: Program) -> list[dict[str, Any]]:
             first, last = _KERNEL_POSITIONS[kernel.rows]
         if term.rows == RowKind.CHILD:
             first, last = f"call->edge_ptr[{first}]", f"call->edge_ptr[{last}]"
+        # the rows exist only where the kernel ran: a phase that needs an output's upstream gradient is
+        # skipped without it (its rows are then never written)
+        upstreams = [p.upstream for p in program.backward if p.kernel == term.kernel]
+        when = (
+            None
+            if not upstreams or None in upstreams
+            else " || ".join(f"grad->upstream[{u}]" for u in sorted(set(u for u in upstreams if u is not None)))
+        )
         terms.append(
             {
                 "kernel": term.kernel,
@@ -224,12 +234,58 @@ def deferred_outer_products(program: Program) -> list[dict[str, Any]]:
                 "rows": term.rows.value,
                 "first": first,
                 "last": last,
+                "when": when,
             }
         )
     return terms
 
 
-def _symbols(cell: Cell, program: Program, kernel: Kernel, target: Target) -> list[str]:
+def _accumulators(cell: Cell, program: Program, deferred: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The weight gradients the kernels still add per tile (all but the deferred terms: the bias sums, on a
+    target that defers), each with its offset in a chunk's accumulator (C) and its param's index."""
+    skipped = {(t["kernel"], t["step"]) for t in deferred}
+    kept = {
+        step.param
+        for kernel in program.kernels
+        for number, step in enumerate(kernel.steps)
+        if isinstance(step, AccumSum) or (isinstance(step, AccumOuter) and (kernel.name, number) not in skipped)
+    }
+    names = [p.name for p in cell.params]
+    accumulators, offset = [], 0
+    for name, _, size in program.accumulators:
+        if name in kept:
+            accumulators.append({"param": name, "index": names.index(name), "offset": offset, "size": size})
+            offset += size
+    return accumulators
+
+
+#: output rows x columns of one work item of the C deferred phase (its threads share the items)
+C_DEFER_TM, C_DEFER_TK = 128, 64
+
+
+def _deferred_params(cell: Cell, deferred: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The deferred terms grouped by param, in param order, for the C deferred phase: a work item is one
+    output block of one param and adds that param's terms in term order, so every element of a gradient
+    is summed by one thread in one order. `start`/`end`: the param's range of work items."""
+    groups, start = [], 0
+    for index, param in enumerate(cell.params):
+        terms = [i for i, t in enumerate(deferred) if t["param"] == param.name]
+        if not terms:
+            continue
+        m, k = deferred[terms[0]]["m"], deferred[terms[0]]["k"]
+        if any((deferred[i]["m"], deferred[i]["k"]) != (m, k) for i in terms):  # pragma: no cover
+            raise ValueError(f"the deferred terms of {param.name} differ in shape")
+        tiles_m, tiles_k = -(-m // C_DEFER_TM), -(-k // C_DEFER_TK)
+        items = tiles_m * tiles_k
+        groups.append(
+            {"param": param.name, "index": index, "m": m, "k": k, "terms": terms, "tiles_k": tiles_k}
+            | {"start": start, "end": start + items}
+        )
+        start += items
+    return groups
+
+
+def _symbols(cell: Cell, program: Program, kernel: Kernel, target: Target, acc_offsets: dict[str, int]) -> list[str]:
     """Declarations of the forest-wide arrays this kernel may touch (the caller keeps those it does)."""
     table = abi(cell, program)
     values = kernel.body.values
@@ -275,18 +331,24 @@ def _symbols(cell: Cell, program: Program, kernel: Kernel, target: Target) -> li
     declare(
         table["outputs"], upstream, lambda i, n: f"const float *{gradient_symbol('output', n)} = grad->upstream[{i}];"
     )
-    offsets = {name: offset for name, offset, _ in program.accumulators}
     param_index = {name: i for i, name in enumerate(table["params"])}
     for name in sorted(accumulated):
-        if target.private_accumulators:  # per thread, summed into the gradients at the end
-            decls.append(f"float *acc_{name} = acc + {offsets[name]};")
+        if target.private_accumulators:  # per chunk, summed into the gradients at the end
+            if name not in acc_offsets:
+                continue  # only deferred terms: nothing is added per tile
+            decls.append(f"float *acc_{name} = acc + {acc_offsets[name]};")
         else:  # straight into the gradient, with atomic adds
             decls.append(f"float *acc_{name} = grad->d_params[{param_index[name]}];")
     return decls
 
 
 def _kernel_context(
-    cell: Cell, program: Program, kernel: Kernel, target: Target, deferred: list[dict[str, Any]]
+    cell: Cell,
+    program: Program,
+    kernel: Kernel,
+    target: Target,
+    deferred: list[dict[str, Any]],
+    acc_offsets: dict[str, int],
 ) -> dict[str, Any]:
     exprs = KernelExprs(cell, kernel)
     offsets = []
@@ -341,7 +403,7 @@ def _kernel_context(
         "name": kernel.name,
         "rows_doc": _ROWS_DOC[kernel.rows],
         "node_of_row": _NODE_OF_ROW[kernel.rows],
-        "symbols": _used(_symbols(cell, program, kernel, target), steps),
+        "symbols": _used(_symbols(cell, program, kernel, target, acc_offsets), steps),
         "reads_children": reads_children,
         "child_ks": kernel.child_ks,
         "uses_pre_base": uses_pre_base,

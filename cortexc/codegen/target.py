@@ -14,11 +14,17 @@ class Target:
     gemm_nr: int  # GEMM panel width in floats (the SIMD width for C)
     gemm_mr: int  # GEMM rows per register tile
     tile_rows: int  # rows (nodes) per tile inside a kernel
-    private_accumulators: bool  # weight gradients summed per thread (C) or added atomically (CUDA)
+    private_accumulators: bool  # per-tile weight gradients summed per chunk (C) or added atomically (CUDA)
     threads_per_block: int = 1  # CUDA: threads that share a tile
     column_split: bool = False  # CUDA: small levels may be shared among blocks by columns (ColumnSplit)
-    defer_outer_products: bool = False  # CUDA: weight gradients as one GEMM after the recursion (its only way)
+    defer_outer_products: bool = False  # weight gradients (AccumOuter) as one GEMM per term after the recursion
+    defer_min_width: int = 0  # ... those with m * k / (m + k) >= this (smaller ones: summed per tile, in cache)
 
+
+#: C: weight gradients deferred when m * k / (m + k) >= 96 (e.g. 450 x 300: 180; 256 x 64: 51). Below it the
+#: m x k accumulator a tile adds into stays in L1/L2 and costs less than writing and reading m + k floats
+#: per row (measured: benchmarks/results/cpu_deferred.txt, the chain LSTM at H=64 is 10% slower deferred)
+DEFER_MIN_WIDTH_C = 96
 
 #: gcc with OpenMP; `-march=native` picks AVX-512 or AVX2 for the vector extensions of the GEMM.
 C = Target(
@@ -30,6 +36,8 @@ C = Target(
     gemm_mr=8,
     tile_rows=32,
     private_accumulators=True,
+    defer_outer_products=True,
+    defer_min_width=DEFER_MIN_WIDTH_C,
 )
 
 #: nvcc; a tile of a level is one thread block, its threads share the rows x columns of every step.

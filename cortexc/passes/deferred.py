@@ -1,13 +1,16 @@
 """Deferred weight gradients: a per-target program pass.
 
 Why: in a backward sweep a level near the top of a forest has a few nodes, so the weight gradients of its
-tiles (``outer(g, x)`` summed over the rows) run on a few thread blocks, and adding them into the
-gradients from every tile costs M x K atomics per tile. A GPU does better to keep each term's factor rows
-during the recursion and, after the last level, run one GEMM per term over all those rows, shared by
-every block. The CPU keeps per-thread accumulators (a tile there is already a core's whole share).
+tiles (``outer(g, x)`` summed over the rows) run on a few thread blocks (CUDA) or stream the whole m x k
+accumulator through the cache for a few rows (C), and adding them into the gradients from every tile costs
+M x K atomics (CUDA) or M x K loads and stores (C) per tile. Better keep each term's factor rows during the
+recursion and, after the last level, run one GEMM per term over all those rows, shared by every block or
+thread. Keeping the rows costs m + k floats per row written and read again: for a small weight
+(m * k / (m + k) below `min_width`, its accumulator stays in cache) the per-tile sum is cheaper, so a
+target may keep those per tile.
 
 Requires: a scheduled program. Guarantees: ``program.deferred`` lists every `AccumOuter` of a gradient
-kernel, in kernel and step order; nothing else changes.
+kernel with ``m * k >= min_width * (m + k)``, in kernel and step order; nothing else changes.
 """
 
 from __future__ import annotations
@@ -17,11 +20,11 @@ from dataclasses import replace
 from cortexc.ir.program import AccumOuter, DeferredOuter, Program
 
 
-def defer_outer_products(program: Program) -> Program:
+def defer_outer_products(program: Program, min_width: int = 0) -> Program:
     terms = tuple(
         DeferredOuter(kernel.name, number, step.param, step.m, step.k, step.rows)
         for kernel in program.kernels
         for number, step in enumerate(kernel.steps)
-        if isinstance(step, AccumOuter)
+        if isinstance(step, AccumOuter) and step.m * step.k >= min_width * (step.m + step.k)
     )
     return replace(program, deferred=terms)

@@ -400,15 +400,30 @@ class CpuExecutor:
     ) -> None:
         """The backward into caller-allocated gradient arrays: `grads` is (d_params, d_inputs, d_states,
         d_hoisted, upstream_outputs) as `cx_grad` orders them (zeroed, d_states holding the upstream
-        gradients of the states; None for index inputs and for outputs without an upstream)."""
+        gradients of the states; None for index inputs and for outputs without an upstream). The deferred
+        weight gradients' factor rows (`deferred_shapes`) are this thread's scratch unless a sixth entry
+        gives them."""
         outputs = [np.empty(0, np.float32) for _ in self.spec["abi"]["outputs"]]
         packed = self._weights[1] if packed is None else packed
         call, _tables = self._call(lin, params, packed, inputs, states, hoisted, outputs, dropout)
+        if len(grads) == 5:
+            # not zeroed: a kernel writes every row of its terms, and the driver skips the terms of a kernel
+            # that did not run (an output without an upstream gradient)
+            grads = (*grads, self._scratch.arrays("deferred", self.deferred_shapes(lin), zero=False))
         grad_tables = [_pointers(list(arrays)) for arrays in grads]
         grad = CxGrad(*(ctypes.cast(table, _P) for table in grad_tables))
         if lin.num_nodes:
             mask = sum(1 << index for index, array in enumerate(grads[4]) if array is not None)
             self._launch_backward(call, grad, lin, mask)
+
+    def deferred_shapes(self, lin: Linearized) -> list[tuple[int, int]]:
+        """The shapes of the deferred weight gradients' factor rows a backward needs (one row per node
+        position, or per child edge, of m + k floats)."""
+        edges = int(lin.edge_ptr[-1]) if len(lin.edge_ptr) else 0
+        return [
+            (max(edges if term["rows"] == "child" else lin.num_nodes, 1), term["m"] + term["k"])
+            for term in self.spec.get("deferred_by_target", {}).get("c", [])
+        ]
 
     def forward(
         self,

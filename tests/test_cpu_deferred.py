@@ -1,0 +1,179 @@
+"""The CPU backward's deferred weight gradients: the kernels only keep each AccumOuter term's factor rows
+and one GEMM per term after the recursion adds them (driver_c_deferred.j2)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import cortexc
+from cortexc import Forest
+from cortexc.codegen.target import DEFER_MIN_WIDTH_C
+from cortexc.ir.program import AccumOuter, AccumSum
+from cortexc.options import CompileOptions
+from cortexc.pipeline import Source, run_stages
+from tests.helpers import EXAMPLES, random_inputs, relative_error, twin_models
+
+
+def _c_source(path, **dims):
+    """The cell's program (C target) and its C text."""
+    options = CompileOptions(targets=("c",), defines=tuple(dims.items())) if dims else CompileOptions(targets=("c",))
+    (rendered,) = run_stages(Source(path.read_text(encoding="utf-8"), str(path)), options, until="render")
+    (variant,) = rendered.programs
+    return variant.program, dict(rendered.sources)["c"]
+
+
+def _function(text: str, name: str) -> str:
+    """The body of the C function `name` (from its definition to the next function at column 0)."""
+    start = re.search(rf"^static void {name}\(", text, re.M)
+    assert start, name
+    end = text.index("\n}\n", start.end())
+    return text[start.end() : end]
+
+
+#: dims at which every weight of the examples is large enough to be deferred on C (DEFER_MIN_WIDTH_C)
+LARGE = {"X": 200, "H": 200, "C": 200}
+
+
+def _declared(path, dims):
+    declared = dict(cortexc.compile_file(path)[0].dims)
+    return {k: v for k, v in dims.items() if k in declared}
+
+
+@pytest.mark.parametrize("large", [True, False], ids=["large", "declared"])
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.cell")), ids=lambda p: p.stem)
+def test_the_cpu_backward_keeps_factor_rows_instead_of_accumulating(path, large):
+    """A deferred term's kernel writes its factor rows and adds no outer product per tile, and the deferred
+    phase reads them; a small one (below DEFER_MIN_WIDTH_C) is summed per tile; the chunk accumulators
+    hold only what is summed per tile."""
+    program, text = _c_source(path, **(_declared(path, LARGE) if large else {}))
+    deferred = {(t.kernel, t.step): index for index, t in enumerate(program.deferred or ())}
+    phase = _function(text, "cx_deferred_phase") if deferred else ""
+    per_tile = set()
+    for kernel in program.kernels:
+        body = _function(text, f"cx_kernel_{kernel.name}")
+        outer = [n for n, s in enumerate(kernel.steps) if isinstance(s, AccumOuter)]
+        kept = [n for n in outer if (kernel.name, n) not in deferred]
+        assert body.count("cx_gemm_tn_acc(") == len(kept), kernel.name
+        for n in outer:
+            step = kernel.steps[n]
+            if (kernel.name, n) in deferred:
+                index = deferred[(kernel.name, n)]
+                assert f"grad->deferred[{index}] + " in body
+                assert phase.count(f"cx_deferred_block(grad->deferred[{index}],") == 1
+            else:
+                per_tile.add(step.param)
+                assert step.m * step.k < DEFER_MIN_WIDTH_C * (step.m + step.k)
+        per_tile |= {s.param for s in kernel.steps if isinstance(s, AccumSum)}
+    assert all(t.m * t.k >= DEFER_MIN_WIDTH_C * (t.m + t.k) for t in program.deferred or ())
+    assert deferred or not large
+    floats = sum(int(np.prod(program.cell.param(name).shape)) for name in per_tile)
+    assert f"calloc((size_t){floats} + 1, sizeof(float))" in text
+
+
+def _poison(model) -> None:
+    """NaN in this thread's reused factor-row buffers: a row the kernels leave unwritten would show."""
+    scratch = model._executor_for_device()._scratch
+    deferred = [array for (slot, _), array in scratch.slots.items() if slot == "deferred"]
+    assert deferred
+    for array in deferred:
+        array[...] = np.nan
+
+
+def _gradients_twice(model, reference, forest, inputs, upstream):
+    """The compiled gradients of a second backward (the first leaves its buffers poisoned) and the
+    interpreter's."""
+    model.backward(model(forest, grad=True, **inputs), upstream)
+    _poison(model)
+    return model.backward(model(forest, grad=True, **inputs), upstream), reference.backward(
+        reference(forest, grad=True, **inputs), upstream
+    )
+
+
+# dims that cross the deferred phase's output blocks (128 rows x 64 columns) and forests whose terms have
+# more rows than one pass over them (64): DAG per-child-edge terms, and params with several terms
+CASES = [
+    ("dagrnn.cell", {"X": 200, "H": 200}, lambda rng: Forest.random_dag(300, rng=rng)),
+    ("treelstm.cell", {"X": 200, "H": 200}, lambda rng: Forest.random(20, rng=rng, max_children=4, max_nodes=15)),
+    ("binary_treelstm.cell", {"X": 100, "H": 100, "V": 30}, lambda rng: Forest.random(20, rng=rng, binary=True)),
+]
+
+
+@pytest.mark.parametrize("name, dims, make_forest", CASES, ids=[c[0] for c in CASES])
+def test_deferred_gradients_match_the_interpreter(name, dims, make_forest, rng, tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    path = EXAMPLES / name
+    program, _ = _c_source(path, **dims)
+    terms = {t.param: 0 for t in program.deferred}
+    for term in program.deferred:
+        terms[term.param] += 1
+    kinds = {t.rows.value for t in program.deferred}
+    module = cortexc.load(path, out_dir=tmp_path_factory.mktemp("pkg"), **dims)
+    model, reference = twin_models(module, "cpu", 5, rng)
+    forest = make_forest(rng)
+    inputs = random_inputs(model.cell, forest, rng)
+    expected = reference(forest, **inputs)
+    upstream = {key: rng.standard_normal(value.shape).astype(np.float32) for key, value in expected.items()}
+    grads, expected_grads = _gradients_twice(model, reference, forest, inputs, upstream)
+    assert set(grads) == set(expected_grads)
+    for key, value in expected_grads.items():
+        assert relative_error(grads[key], value) < 2e-5, f"d{key}"
+    if name != "binary_treelstm.cell":
+        assert max(terms.values()) >= 2 and "child" in kinds, "several terms on a param, terms per child edge"
+
+
+def test_a_skipped_output_leaves_its_term_out(rng, tmp_path_factory, monkeypatch):
+    """Without the upstream gradient of an output its gradient kernel does not run, so its term's rows are
+    not written (not zeroed either): the deferred phase must skip the term."""
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    dims = {"X": 9, "H": 200, "V": 20, "C": 200}  # W_s (C x H) deferred
+    path = EXAMPLES / "binary_treelstm.cell"
+    program, text = _c_source(path, **dims)
+    assert "W_s" in {t.param for t in program.deferred} and "if (grad->upstream[0])" in text
+    module = cortexc.load(path, out_dir=tmp_path_factory.mktemp("pkg"), **dims)
+    model, reference = twin_models(module, "cpu", 2, rng)
+    forest = Forest.random(6, rng=rng, binary=True)
+    inputs = random_inputs(model.cell, forest, rng)
+    out = reference(forest, **inputs)
+    both = {key: rng.standard_normal(value.shape).astype(np.float32) for key, value in out.items()}
+    model.backward(model(forest, grad=True, **inputs), both)  # writes every term's rows
+    _poison(model)
+    upstream = {"h": both["h"]}
+    grads = model.backward(model(forest, grad=True, **inputs), upstream)
+    expected = reference.backward(reference(forest, grad=True, **inputs), upstream)
+    assert not grads["W_s"].any() and not grads["b_s"].any()
+    for key, value in expected.items():
+        assert relative_error(grads[key], value) < 2e-5, f"d{key}"
+
+
+def test_the_torch_cpu_op_passes_the_factor_rows(rng, tmp_path_factory, monkeypatch):
+    """`cortexc.torch` on CPU gives the executor no factor rows of its own: the backward takes this
+    thread's scratch (poisoned here first), and the gradients still match the interpreter."""
+    torch = pytest.importorskip("torch")
+    from cortexc.torch import CellModule, ForestBatch
+
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    dims = {"X": 9, "H": 200, "V": 20, "C": 3}  # U_iou, U_f deferred
+    cls = cortexc.load(EXAMPLES / "binary_treelstm.cell", out_dir=tmp_path_factory.mktemp("pkg"), **dims).BinaryTreeLSTM
+    module = CellModule(cls, seed=4)
+    reference = cls(device="interp", seed=4)
+    reference.load_params({k: v.detach().numpy() for k, v in module.state_dict().items()})
+    forest = Forest.random(5, rng=rng, binary=True)
+    word = rng.integers(0, dims["V"], forest.num_nodes)
+    batch = ForestBatch.from_forest(forest)
+    module(batch, word=torch.as_tensor(word))["h"].sum().backward()  # makes the scratch
+    executors = [module.runner.executor]
+    for executor in executors:
+        for (slot, _), array in executor._scratch.slots.items():
+            if slot == "deferred":
+                array[...] = np.nan
+    assert any(slot == "deferred" for e in executors for slot, _ in e._scratch.slots)
+    module.zero_grad()
+    out = module(batch, word=torch.as_tensor(word))
+    expected = reference(forest, grad=True, word=word)
+    upstream = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in expected.items()}
+    sum((out[k] * torch.from_numpy(g)).sum() for k, g in upstream.items()).backward()
+    for name, value in reference.backward(expected, upstream).items():
+        assert relative_error(getattr(module, name).grad.numpy(), value) < 2e-5, name
