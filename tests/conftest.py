@@ -60,7 +60,8 @@ SLOW = {
     "test_attention.py::test_dag_cell_normalises_per_parent_over_shared_children[cuda-emu]",
     "test_attention.py::test_arity_cell_leaves_missing_children_out_of_the_softmax[cuda-emu]",
     "test_torch.py::test_the_cuda_host_path_matches_the_cpu_module",  # the emulated CUDA library, 2 cells
-    "test_torch.py::test_the_cuda_runner_takes_torchs_arch_needs_no_pycuda_and_checks_the_stream",  # a g++ build
+    "test_torch.py::test_the_cuda_runner_takes_torchs_arch_needs_no_pycuda_and_runs_on_torchs_stream[split]",  # g++
+    "test_torch.py::test_the_cuda_runner_takes_torchs_arch_needs_no_pycuda_and_runs_on_torchs_stream[levels]",
     "test_device_executor.py::test_load_params_while_forwards_run_gives_all_old_or_all_new",  # threads racing
     "test_train.py::test_the_train_sst_example_runs_a_few_steps_into_its_out_directory",  # a build, SST parsed twice
     "test_determinism.py",  # fresh processes per thread count, forests of thousands of nodes

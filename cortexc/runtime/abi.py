@@ -72,11 +72,12 @@ GRAD_FIELDS: tuple[Field, ...] = (
     Field("deferred", "float *const *", "CUDA: per deferred weight gradient, its factors' rows (see driver)"),
 )
 
-#: `cx_launch`: how the CUDA driver launches (see `LaunchOptions` below)
+#: `cx_launch`: how the CUDA driver launches (see `LaunchOptions` below), and on which stream
 LAUNCH_FIELDS: tuple[Field, ...] = (
     Field("mode", "int64_t", "LAUNCH_MODES: 0 split (the default), 1 persistent by rows, 2 one grid per level"),
     Field("max_blocks", "int64_t", "caps the grid of a persistent or column launch (0: no cap)"),
     Field("weights_global", "int64_t", "split mode: weight slices stay in global memory"),
+    Field("stream", "void *", "the cudaStream_t of every launch, copy and sync of the call (NULL: default)"),
 )
 
 #: the values of `cx_launch.mode`, by the name `CORTEXC_CUDA_MODE` and `LaunchOptions.mode` use
@@ -180,8 +181,12 @@ class LaunchOptions:
         except (KeyError, TypeError, ValueError) as err:
             raise CortexcError(f"malformed launch options {dict(data)!r} ({err})") from None
 
-    def struct(self) -> ctypes.Structure:
-        """The `cx_launch` the entry points take."""
+    def struct(self, stream: int = 0) -> ctypes.Structure:
+        """The `cx_launch` the entry points take; `stream` is the call's cudaStream_t (0: the default
+        stream), not an option: a call's, filled in per call."""
         return CxLaunch(
-            mode=LAUNCH_MODES[self.mode.value], max_blocks=self.max_blocks, weights_global=int(self.weights_global)
+            mode=LAUNCH_MODES[self.mode.value],
+            max_blocks=self.max_blocks,
+            weights_global=int(self.weights_global),
+            stream=stream or None,
         )
