@@ -4,8 +4,9 @@ Each rank builds its module with a different seed (DDP must broadcast rank 0's p
 its own shard; after every step both ranks hold bitwise the same params, equal (float32 tolerance) to
 one process stepping with the two shards' gradients averaged. With ``sparse=True`` the embedding
 table is DDP-ignored and the module broadcasts it and averages its sparse gradient itself (checked
-with SGD and with Adagrad's sparse update). The package and its `.so` are built here, before the
-ranks start, so they only load it.
+with SGD and with Adagrad's sparse update), also over gradient accumulation under ``ddp.no_sync()``
+(no collective on the unsynced step; the synced one averages the accumulated gradients). The package
+and its `.so` are built here, before the ranks start, so they only load it.
 """
 
 from __future__ import annotations
