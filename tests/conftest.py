@@ -86,6 +86,8 @@ SLOW = {
     "test_compiled.py::test_odd_dim_overrides",
     "test_compiled.py::test_stress_cell_matches_interp",
     "test_cuda_emu.py::test_address_sanitizer_sees_shared_memory_overflow",
+    "test_cuda_emu.py::test_the_stream_log_records_the_stream_each_call_names",  # a g++ build
+    "test_torch.py::test_the_numpy_api_on_cuda_runs_on_the_default_stream",  # the emulated library's build
     "test_cuda_split.py::test_per_level_mode_splits_small_levels_too",
     "test_cuda_split.py::test_split_mode_at_sizes_that_span_several_chunks_and_passes",
     "test_cuda_split.py::test_split_mode_matches_the_interpreter",
