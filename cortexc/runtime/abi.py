@@ -83,6 +83,17 @@ LAUNCH_FIELDS: tuple[Field, ...] = (
 #: the values of `cx_launch.mode`, by the name `CORTEXC_CUDA_MODE` and `LaunchOptions.mode` use
 LAUNCH_MODES: Mapping[str, int] = {"split": 0, "persistent": 1, "levels": 2}
 
+#: the device-memory functions every CUDA library exports for the runtime (`device.DeviceMemory`); the
+#: copies, memsets and the sync take the call's stream last (a library without `cx_mem_sync` predates that)
+DEVICE_MEMORY_EXPORTS: tuple[str, ...] = (
+    "cx_mem_alloc",
+    "cx_mem_free",
+    "cx_mem_upload",
+    "cx_mem_zero",
+    "cx_mem_download",
+    "cx_mem_sync",
+)
+
 #: every struct of the ABI by its C name
 STRUCTS: Mapping[str, tuple[Field, ...]] = {"cx_call": CALL_FIELDS, "cx_grad": GRAD_FIELDS, "cx_launch": LAUNCH_FIELDS}
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from cortexc.errors import CortexcError
-from cortexc.runtime.abi import CxCall, CxGrad, CxLaunch, LaunchOptions, packed_weights
+from cortexc.runtime.abi import DEVICE_MEMORY_EXPORTS, CxCall, CxGrad, CxLaunch, LaunchOptions, packed_weights
 from cortexc.runtime.build import load_library
 from cortexc.runtime.linearize import Linearized
 from cortexc.runtime.philox import EVAL, Dropout
@@ -88,6 +88,12 @@ class DeviceMemory:
 
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib
+        missing = [name for name in DEVICE_MEMORY_EXPORTS if not hasattr(lib, name)]
+        if missing:
+            raise CortexcError(
+                f"the CUDA library {getattr(lib, '_name', lib)} lacks {', '.join(missing)}: it was built from a "
+                "package of an older cortexc (before calls took a CUDA stream); compile the package again"
+            )
         lib.cx_mem_alloc.argtypes = [ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p)]
         lib.cx_mem_free.argtypes = [ctypes.c_void_p]
         stream = ctypes.c_void_p  # a cudaStream_t; None: the default stream
@@ -95,7 +101,7 @@ class DeviceMemory:
         lib.cx_mem_zero.argtypes = [ctypes.c_void_p, ctypes.c_int64, stream]
         lib.cx_mem_download.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, stream]
         lib.cx_mem_sync.argtypes = [stream]
-        for name in ("cx_mem_alloc", "cx_mem_free", "cx_mem_upload", "cx_mem_zero", "cx_mem_download", "cx_mem_sync"):
+        for name in DEVICE_MEMORY_EXPORTS:
             getattr(lib, name).restype = ctypes.c_int
 
     @staticmethod
