@@ -21,6 +21,7 @@ torch = pytest.importorskip("torch")
 
 import cortexc  # noqa: E402
 from cortexc import Forest, InputError  # noqa: E402
+from cortexc.errors import CortexcError  # noqa: E402
 from cortexc.torch import CellModule, ForestBatch, cell_backward, cell_forward  # noqa: E402
 from tests.helpers import EXAMPLES, REPO, relative_error  # noqa: E402
 from tests.test_autodiff import torch_binary_treelstm, torch_childsum  # noqa: E402
@@ -622,6 +623,30 @@ def test_the_cuda_runner_takes_torchs_arch_needs_no_pycuda_and_runs_on_torchs_st
     assert forward_log.count(("copy", streams[0])) == 2  # the packed weights (first call), the call's arena
     with pytest.raises(CortexcError, match="use_backend takes 'cpu' or 'cuda-emu'"):
         module.use_backend("cuda")
+
+
+def test_a_failed_cuda_call_waits_for_its_stream_before_its_arena_is_reused(childsum, rng, monkeypatch):
+    """An entry point that fails (a launch error) returns before synchronising its stream: the executor
+    waits for that stream before the call's arena goes back to the pool (a call on another stream could
+    take it while the upload still runs) and raises a typed error."""
+    module = CellModule(childsum, seed=1).use_backend("cuda-emu")
+    forest = Forest.random(3, rng=rng, max_children=3, max_nodes=9)
+    x = torch.from_numpy(rng.standard_normal((forest.num_nodes, CHILDSUM["X"])).astype(np.float32))
+    module(forest, x=x)  # makes the runner
+    from cortexc.torch import _RUNNERS
+
+    (handle,) = module._device_handles.values()
+    runner = _RUNNERS[handle]
+    executor = runner.executor
+    events = []
+    monkeypatch.setattr(runner, "stream", lambda: 0x77)
+    monkeypatch.setattr(executor.lib, "cx_forward", lambda *args: 719)  # cudaErrorLaunchFailure
+    sync, give_back = executor.memory.sync, executor.pool.give_back
+    monkeypatch.setattr(executor.memory, "sync", lambda stream=0: (events.append(("sync", stream)), sync(stream)))
+    monkeypatch.setattr(executor.pool, "give_back", lambda block: (events.append(("give_back", 0)), give_back(block)))
+    with pytest.raises(CortexcError, match="the CUDA forward failed with cudaError 719"):
+        module(forest, x=x)
+    assert events == [("sync", 0x77), ("give_back", 0)]
 
 
 def test_the_numpy_api_on_cuda_runs_on_the_default_stream(binary, rng):

@@ -413,6 +413,7 @@ class DeviceExecutor:
                 result = self._on_device({key: (at(key), shape) for key, shape in result_shapes.items()})
             result = {key.split("/", 1)[1]: value for key, value in result.items()}
         except BaseException:
+            self._quiesce()  # a failed call may leave its copies queued: the block waits for them
             self.pool.give_back((size, base))
             raise
         if not keep:
@@ -478,14 +479,19 @@ class DeviceExecutor:
         )
         self._finish(block, staging, stream, status, "backward")
 
+    def _quiesce(self, stream: int = 0) -> None:
+        """Wait for `stream` after a failure, so that its arena can go back to the pool (a sync error is
+        not the one to report)."""
+        with contextlib.suppress(CortexcError):
+            self.memory.sync(stream)
+
     def _finish(self, block: tuple[int, int], staging: np.ndarray, stream: int, status: int, what: str) -> None:
         """After an entry point: its arena back to the pool and its host staging buffer let go, only once
         `stream` is done with them. A successful entry point synchronised the stream itself; after a failure
         it is synchronised here (a launch error leaves the upload, or earlier kernels, maybe in flight)."""
         try:
             if status:
-                with contextlib.suppress(CortexcError):
-                    self.memory.sync(stream)
+                self._quiesce(stream)
                 raise CortexcError(f"the CUDA {what} failed with cudaError {status}")
         finally:
             self.pool.give_back(block)
@@ -551,8 +557,7 @@ class DeviceExecutor:
                 staging[offset : offset + array.nbytes] = _bytes(array)
             self.memory.upload(base, staging, stream)
         except BaseException:
-            with contextlib.suppress(CortexcError):
-                self.memory.sync(stream)
+            self._quiesce(stream)
             self.pool.give_back(block)
             raise
         return call, layout, base, block, staging
@@ -651,6 +656,9 @@ class DeviceExecutor:
             arrays = self._download(
                 layout, base, {key: shape for key, shape in zeroed.items() if key.startswith(("d_param/", "d_input/"))}
             )
+        except BaseException:
+            self._quiesce()
+            raise
         finally:
             self.pool.give_back((size, base))
         return {key.split("/", 1)[1]: array for key, array in arrays.items()}
