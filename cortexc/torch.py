@@ -19,10 +19,12 @@ counter or storage changed (an optimizer step), once per step.
 On a GPU (``module.to("cuda")``) the same ops run the CUDA target on torch's CUDA tensors: torch
 allocates every result, the params and inputs are read where they are, and only the forest and the
 pointer tables go up per call (`DeviceExecutor.run_forward_at`); the packed GEMM weights are packed on
-the host and uploaded when a param changed. The kernels run on the default stream, in the device's
-primary context (which torch uses); another current stream is a typed error. PyCUDA is not needed
-there: the arch comes from torch. `use_backend("cuda-emu")` runs a module's CPU tensors through the
-same host path and the emulated CUDA library (how the tests check it without a GPU).
+the host and uploaded when a param changed. Every copy and launch of a call goes on torch's current
+stream of the device (`torch.cuda.current_stream().cuda_stream`, carried in `cx_launch.stream`), after
+the work torch queued there (the zeroed results), and the call returns when that stream has run it; all
+in the device's primary context (which torch uses). PyCUDA is not needed there: the arch comes from
+torch. `use_backend("cuda-emu")` runs a module's CPU tensors through the same host path and the
+emulated CUDA library (how the tests check it without a GPU).
 
 Importing this module imports torch; `import cortexc` never does.
 """
@@ -124,6 +126,7 @@ class _Runner:
 
     def __init__(self, cls: type[CellModel], backend: str = "cpu", device_index: int | None = None):
         self.backend = backend
+        self.device_index = device_index
         self.executor: CpuExecutor | DeviceExecutor
         if backend == "cuda":  # torch's arch and context: no PyCUDA
             from cortexc.runtime.cuda import CudaExecutor
@@ -154,28 +157,27 @@ class _Runner:
         self.dropout_sites = int(self.spec.get("dropout_sites", 0))  # 0: training mode changes nothing
         self.repacks = 0  # how often the weights were packed (tests: only when a param changed)
 
-    def prepare(self, params: Sequence[Tensor]) -> None:
+    def prepare(self, params: Sequence[Tensor], stream: int = 0) -> None:
         """Pack the GEMM weights again if a packed param changed since the last call: its version
-        counter (bumped by every in-place update, `torch.optim` steps included) or its storage."""
+        counter (bumped by every in-place update, `torch.optim` steps included) or its storage. A device
+        runner uploads them on `stream`, the call's."""
         key = tuple((params[i]._version, params[i].data_ptr()) for i in self.packed_positions)
         if key != self._packed_key or (self.packed is None and isinstance(self.executor, DeviceExecutor)):
             arrays = {self.params[i]: _view(params[i].detach().cpu()) for i in self.packed_positions}
             if isinstance(self.executor, DeviceExecutor):  # packed on the host, uploaded (a copy down first)
-                self.packed = self.executor.upload_packed(arrays)
+                self.packed = self.executor.upload_packed(arrays, stream)
             else:
                 self.executor.repack(arrays)
             self._packed_key = key
             self.repacks += 1
 
-    def check_stream(self, tensor: Tensor) -> None:
-        """The kernels run on the default stream: torch's current stream must be it."""
-        if tensor.device.type == "cuda":
-            stream = torch.cuda.current_stream(tensor.device)
-            if stream.cuda_stream != 0:
-                raise CortexcError(
-                    f"CellModule runs its kernels on the default CUDA stream; torch's current stream is {stream} "
-                    "(run it outside torch.cuda.stream(...), or synchronise)"
-                )
+    def stream(self) -> int:
+        """The cudaStream_t a call goes on: torch's current stream on the runner's GPU (so the kernels run
+        after the work torch queued there, its zeroed results included, as any torch op would); 0, the
+        default stream, for the emulator's CPU tensors."""
+        if self.backend != "cuda":
+            return 0
+        return int(torch.cuda.current_stream(self.device_index).cuda_stream)
 
 
 _RUNNERS: dict[int, _Runner] = {}
@@ -258,14 +260,14 @@ def cell_forward(
     """Every state ([N + 1] rows, the last zero), every hoisted row set, then every output (ABI order);
     with ``train``, the dropout masks of the int64 ``dropout_seed`` (mod 2^64)."""
     runner = _runner(handle)
-    runner.prepare(params)
+    stream = runner.stream()
+    runner.prepare(params, stream)
     results = _forward_shapes(runner, params, level_order, roots, internal, fake=False)
     states, hoisted, outputs = _split(runner, results)
     lin = _linearized(level_order, level_ptr, edge_ptr, edge_child, roots)
     _check_linearized(runner, lin)
     inputs = _kernel_inputs(runner, inputs, check=True)
     if isinstance(runner.executor, DeviceExecutor):
-        runner.check_stream(results[0] if results else level_order)
         params = [p.detach().contiguous() for p in params]  # kept alive (and contiguous) through the call
         arrays = {
             "params": _addresses(params),
@@ -275,7 +277,7 @@ def cell_forward(
             "outputs": _addresses(outputs),
         }
         assert runner.packed is not None  # prepare uploaded them
-        runner.executor.run_forward_at(lin, runner.packed, arrays, _dropout(train, dropout_seed))
+        runner.executor.run_forward_at(lin, runner.packed, arrays, _dropout(train, dropout_seed), stream)
         return results
     runner.executor.run_forward(
         lin,
@@ -347,7 +349,8 @@ def cell_backward(
     """The gradient of every param, then of every float input (ABI order), from upstream gradients of
     the states ([N + 1] rows) and outputs; None: no upstream (an output's phases then do nothing)."""
     runner = _runner(handle)
-    runner.prepare(params)
+    stream = runner.stream()
+    runner.prepare(params, stream)
     d_params = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in params]
     d_inputs: list[Tensor | None] = [None] * len(inputs)
     for position in runner.float_inputs:
@@ -369,6 +372,7 @@ def cell_backward(
             d_params,
             d_inputs,
             _dropout(train, dropout_seed),
+            stream,
         )
     d_state_arrays = []
     for state, upstream in zip(states, d_states):
@@ -410,11 +414,11 @@ def _device_backward(
     d_params: list[Tensor],
     d_inputs: list[Tensor | None],
     dropout: Dropout,
+    stream: int,
 ) -> list[Tensor]:
     """`cell_backward` on a device runner: every gradient array allocated by torch where the params are
-    (`dropout`: the forward's mode, whose masks the kernels recompute)."""
+    (`dropout`: the forward's mode, whose masks the kernels recompute), run on `stream`."""
     assert isinstance(runner.executor, DeviceExecutor) and runner.packed is not None
-    runner.check_stream(d_params[0] if d_params else level_order)
     lin = _linearized(level_order, level_ptr, edge_ptr, edge_child, roots)
     kept = [
         [p.detach().contiguous() for p in params],
@@ -447,7 +451,7 @@ def _device_backward(
         "upstream": _addresses(upstream),
         "deferred": _addresses(deferred),
     }
-    runner.executor.run_backward_at(lin, runner.packed, arrays, grads, dropout)
+    runner.executor.run_backward_at(lin, runner.packed, arrays, grads, dropout, stream)
     return d_params + [d for d in d_inputs if d is not None]
 
 
@@ -506,7 +510,9 @@ class CellModule(nn.Module):
     tensor of the looked-up rows (as `nn.Embedding(sparse=True)`); eager mode only. Such tables are
     DDP-ignored (DDP's reducer takes sparse gradients only from `nn.Embedding`) and synchronised by the
     module itself in a process group of more than one rank: rank 0's values broadcast before the first
-    forward with grad enabled, each backward's sparse gradient averaged over the ranks (`_SparseAllReduce`).
+    forward with grad enabled, each synced backward's sparse gradient (with what earlier backwards under
+    DDP's ``no_sync()`` accumulated in the table's ``.grad``) averaged over the ranks (`_SparseAllReduce`);
+    under ``no_sync()`` nothing is averaged and no collective runs, as for DDP's own params.
     `train()` / `eval()` switch the cell's `dropout` calls on and off (a module starts in training mode):
     in training mode each call draws its dropout seed from torch's default generator (so
     `torch.manual_seed` reproduces a run) and the backward replays the same masks.
@@ -636,9 +642,12 @@ class CellModule(nn.Module):
     def _sparse_sync_group(self) -> Any:
         """The process group that synchronises the sparse tables, or None: only with grad enabled, in an
         initialised group of more than one rank (the tables are DDP-ignored from construction on; the
-        params' own `_ddp_ignored` mark is not relied on, `copy.deepcopy` drops it). Made (a group of its
-        own, so that its collectives never interleave with DDP's buckets) and rank 0's tables broadcast
-        on the first such forward, which every rank runs (as DDP's own forward requires)."""
+        params' own `_ddp_ignored` mark is not relied on, `copy.deepcopy` drops it), and not inside the
+        forward of a DDP module that does not sync this backward (`ddp.no_sync()`: DDP's
+        `require_backward_grad_sync`, read from the DDP module whose forward runs this one). Made (a group
+        of its own, so that its collectives never interleave with DDP's buckets) and rank 0's tables
+        broadcast on the first forward with grad enabled, synced or not, which every rank runs (as DDP's
+        own forward requires)."""
         if not torch.is_grad_enabled() or not _distributed():
             return None
         import torch.distributed as dist
@@ -653,7 +662,7 @@ class CellModule(nn.Module):
                 for table in tables:
                     dist.broadcast(table, src=dist.get_global_rank(group, 0), group=group)
             self._sparse_group = group
-        return group
+        return group if _ddp_syncs_this_backward() else None
 
     def _check(self, batch: ForestBatch, inputs: Mapping[str, Tensor], device: torch.device) -> None:
         """The NumPy API's checks, on tensors: the forest's structure, the inputs' names, shapes, dtypes
@@ -706,15 +715,28 @@ class CellModule(nn.Module):
         return f"{self.signature.name}, sparse={self.sparse}"
 
 
+def _ddp_syncs_this_backward() -> bool:
+    """False inside the forward of a `DistributedDataParallel` under ``no_sync()`` (DDP then leaves the
+    gradients to accumulate locally until the next synced backward); True otherwise, outside DDP too."""
+    active = nn.parallel.DistributedDataParallel._get_active_ddp_module()
+    return active is None or bool(active.require_backward_grad_sync)
+
+
 class _SparseAllReduce(torch.autograd.Function):
     """Identity forward; the backward averages the table's sparse gradient over the group's ranks, as
     DDP averages a dense one: the ranks' rows and values gathered (padded to the largest count), put
     together in rank order and coalesced, so every rank gets bitwise the same sum, divided by the
-    world size."""
+    world size.
+
+    What the table's ``.grad`` holds already (backwards under DDP's ``no_sync()``, which averaged
+    nothing) is taken into the sum and the ``.grad`` cleared, so the table ends with the average of
+    every rank's accumulated gradient, as DDP's buckets (which all-reduce the accumulated ``.grad``) give
+    the dense params, bitwise the same on every rank (adding a rank's own part after averaging would not be)."""
 
     @staticmethod
     def forward(ctx: Any, table: Tensor, group: Any) -> Tensor:
         ctx.group = group
+        ctx.table = table  # the leaf param: its accumulated .grad joins the average
         return table.view_as(table)
 
     @staticmethod
@@ -722,7 +744,12 @@ class _SparseAllReduce(torch.autograd.Function):
         import torch.distributed as dist
 
         world = dist.get_world_size(ctx.group)
-        grad = (grad if grad.is_sparse else grad.to_sparse(1)).coalesce()
+        grad = grad if grad.is_sparse else grad.to_sparse(1)
+        accumulated = ctx.table.grad
+        if accumulated is not None:  # runs before the table's AccumulateGrad: it then takes the average
+            grad = grad + (accumulated if accumulated.is_sparse else accumulated.to_sparse(1))
+            ctx.table.grad = None
+        grad = grad.coalesce()
         rows, values = grad.indices()[0], grad.values()
         count = torch.tensor([rows.numel()], dtype=torch.int64, device=rows.device)
         counts = [torch.empty_like(count) for _ in range(world)]

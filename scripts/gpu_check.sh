@@ -11,7 +11,8 @@
 #      so that the checkout's cortexc/ cannot shadow the installed one
 #   6. tests/test_cuda_gpu.py (CORTEXC_REQUIRE_GPU=1: a missing PyCUDA or GPU fails, never skips): the NumPy
 #      API against the interpreter, cortexc.torch's CellModule on cuda against the cpu module (forward and
-#      gradients; torch with CUDA required), and DDP on nccl over 2 GPUs (skipped with fewer)
+#      gradients; torch with CUDA required; also inside `with torch.cuda.stream(s):`, on a side stream), and
+#      DDP on nccl over 2 GPUs (skipped with fewer)
 #   7. benchmarks/bench_gpu.py; a summary, then the benchmark table LAST
 #
 # A failed step is reported and the later ones still run where they can (a failed PyCUDA build still gives the

@@ -60,7 +60,8 @@ SLOW = {
     "test_attention.py::test_dag_cell_normalises_per_parent_over_shared_children[cuda-emu]",
     "test_attention.py::test_arity_cell_leaves_missing_children_out_of_the_softmax[cuda-emu]",
     "test_torch.py::test_the_cuda_host_path_matches_the_cpu_module",  # the emulated CUDA library, 2 cells
-    "test_torch.py::test_the_cuda_runner_takes_torchs_arch_needs_no_pycuda_and_checks_the_stream",  # a g++ build
+    "test_torch.py::test_the_cuda_runner_takes_torchs_arch_needs_no_pycuda_and_runs_on_torchs_stream[split]",  # g++
+    "test_torch.py::test_the_cuda_runner_takes_torchs_arch_needs_no_pycuda_and_runs_on_torchs_stream[levels]",
     "test_device_executor.py::test_load_params_while_forwards_run_gives_all_old_or_all_new",  # threads racing
     "test_train.py::test_the_train_sst_example_runs_a_few_steps_into_its_out_directory",  # a build, SST parsed twice
     "test_determinism.py",  # fresh processes per thread count, forests of thousands of nodes
@@ -88,6 +89,8 @@ SLOW = {
     "test_compiled.py::test_odd_dim_overrides",
     "test_compiled.py::test_stress_cell_matches_interp",
     "test_cuda_emu.py::test_address_sanitizer_sees_shared_memory_overflow",
+    "test_cuda_emu.py::test_the_stream_log_records_the_stream_each_call_names",  # a g++ build
+    "test_torch.py::test_the_numpy_api_on_cuda_runs_on_the_default_stream",  # the emulated library's build
     "test_cuda_split.py::test_per_level_mode_splits_small_levels_too",
     "test_cuda_split.py::test_split_mode_at_sizes_that_span_several_chunks_and_passes",
     "test_cuda_split.py::test_split_mode_matches_the_interpreter",

@@ -54,7 +54,24 @@ def test_generated_code_declares_the_abi_it_is_given():
     for name, fields in abi.STRUCTS.items():
         assert abi.c_typedef(name, fields) in cuda, name
     assert '#include "cuda_prelude.cuh"' in cuda and "#define CX_LAUNCH(" not in cuda
+    for name in abi.DEVICE_MEMORY_EXPORTS:  # what DeviceMemory checks a library for
+        assert f'extern "C" int {name}(' in cuda, name
+    # every launch and synchronisation of the entry points names the call's stream
+    assert "CX_LAUNCH(" not in cuda and "CX_LAUNCH_COOPERATIVE(" not in cuda and "cudaDeviceSynchronize" not in cuda
+    assert "cudaMemcpy(" not in cuda and "cudaMemset(" not in cuda
     assert "getenv" not in cuda and "CORTEXC_" not in cuda.replace("CORTEXC_CUDA", "")
+
+
+def test_a_cuda_library_without_the_stream_abi_is_a_typed_error():
+    """A library built from an older package (no cx_mem_sync: its copies take no stream) is refused with a
+    typed error saying what to do, not an AttributeError."""
+    import types
+
+    from cortexc.runtime.device import DeviceMemory
+
+    old = types.SimpleNamespace(**{name: lambda *a: 0 for name in abi.DEVICE_MEMORY_EXPORTS if name != "cx_mem_sync"})
+    with pytest.raises(CortexcError, match="lacks cx_mem_sync.*compile the package again"):
+        DeviceMemory(old)
 
 
 def test_launch_options_from_the_environment():

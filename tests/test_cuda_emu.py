@@ -379,3 +379,64 @@ def test_nvcc_refuses_the_emulator_header(tmp_path):
     unit.write_text('#include "cuda_emu.h"\n')
     result = subprocess.run([NVCC, "-E", f"-I{RUNTIME}", str(unit)], capture_output=True, text=True)
     assert result.returncode != 0 and "nvcc must not include it" in result.stderr
+
+
+STREAMS = r"""
+#include "cuda_emu.h"
+__global__ void add_one(float *x) { x[threadIdx.x] += 1.0f; }
+__global__ void add_two(float *x) { x[threadIdx.x] += 2.0f; }
+extern "C" int run(float *host, void *stream_handle) {
+    cudaStream_t stream = (cudaStream_t)stream_handle;  /* any value: the emulator never dereferences it */
+    float *d = nullptr;
+    cudaMalloc(&d, 32 * sizeof(float));
+    cudaMemsetAsync(d, 0, 32 * sizeof(float), stream);
+    cudaMemcpyAsync(d, host, 32 * sizeof(float), cudaMemcpyHostToDevice, stream);
+    CX_LAUNCH_STREAM(add_one, dim3(1), dim3(32), 0, stream, d);
+    CX_LAUNCH_COOPERATIVE_STREAM(add_two, dim3(1), dim3(32), 0, stream, d);
+    CX_LAUNCH(add_one, dim3(1), dim3(32), 0, d);  /* the default stream */
+    cudaMemcpyAsync(host, d, 32 * sizeof(float), cudaMemcpyDeviceToHost, stream);
+    cudaStreamSynchronize(stream);
+    cudaDeviceSynchronize();
+    return (int)cudaFree(d);
+}
+"""
+
+
+@pytest.mark.skipif(GXX is None, reason="g++ not found")
+def test_the_stream_log_records_the_stream_each_call_names(tmp_path):
+    """While its log is on, the emulator records which stream every launch, copy, memset and synchronisation
+    names (the calls without a stream: 0), in order; it is off until started and cleared by a new start."""
+    source = tmp_path / "streams.cpp"
+    source.write_text(STREAMS)
+    library = tmp_path / "streams.so"
+    _run([GXX, *CXXFLAGS, "-fPIC", "-shared", source, "-o", library], "compiling the stream test")
+    lib = ctypes.CDLL(str(library))
+    lib.run.argtypes = [P, P]
+    lib.cx_emu_stream_log.restype = ctypes.c_int64
+    lib.cx_emu_stream_log.argtypes = [P, P, ctypes.c_int64]
+
+    def log():
+        count = lib.cx_emu_stream_log(None, None, 0)
+        ops, streams = np.zeros(count, np.int64), np.zeros(count, np.uint64)
+        lib.cx_emu_stream_log(_ptr(ops), _ptr(streams), count)
+        return list(zip(ops.tolist(), streams.tolist()))
+
+    host = np.arange(32, dtype=np.float32)
+    assert lib.run(_ptr(host), 0xABC0) == 0 and log() == []  # off until started
+    np.testing.assert_array_equal(host, np.arange(32) + 4)
+    lib.cx_emu_stream_log_start()
+    assert lib.run(_ptr(host), 0xABC0) == 0
+    launch, cooperative, copy, memset, sync = range(5)
+    s = 0xABC0
+    assert log() == [
+        (memset, s),
+        (copy, s),
+        (launch, s),
+        (cooperative, s),
+        (launch, 0),
+        (copy, s),
+        (sync, s),
+        (sync, 0),
+    ]
+    lib.cx_emu_stream_log_start()
+    assert log() == []

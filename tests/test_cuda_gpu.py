@@ -10,7 +10,8 @@ scripts/gpu_check.sh on the GPU machine) a missing PyCUDA, GPU or SST file fails
   ``../shared/data/sst``): forward on 100 trees, backward on 20, against the interpreter;
 - `cortexc.torch.CellModule` moved to the GPU (``.to("cuda")``) against the same module on the cpu:
   forward and every gradient (params, float inputs, a sparse embedding gradient) over two SGD steps
-  (torch with CUDA needed: with ``CORTEXC_REQUIRE_GPU=1`` its absence fails);
+  (torch with CUDA needed: with ``CORTEXC_REQUIRE_GPU=1`` its absence fails), and forward + backward inside
+  ``with torch.cuda.stream(s):`` (the kernels and copies go on torch's current stream);
 - DistributedDataParallel of a CellModule on nccl over 2 GPUs (skipped with fewer): ranks bitwise equal
   after each of 3 SGD steps, and equal to one cpu process stepping with the averaged gradients.
 
@@ -258,6 +259,49 @@ def test_cell_module_on_the_gpu_matches_the_cpu_module(packages, name, sparse, r
             assert _relative(grads_gpu[key].numpy(), value.numpy()) < BACKWARD_RTOL, key
     for name_, p in on_gpu.named_parameters():
         assert p.device == device, name_
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_cell_module_on_a_side_stream_matches_the_cpu_module(packages, sparse, rng):
+    """A CellModule on cuda, forward and backward inside ``with torch.cuda.stream(s):`` (a stream of torch's
+    pool, which does not synchronise with the default one), against the cpu module. The input is written on
+    `s` after a spin of ~50 ms queued there first, and the results are read back on `s`: kernels or copies
+    that ran on another stream would race that write (and torch's zeroing of the results) and be wrong.
+    Elsewhere (``CORTEXC_GPU_TEST_DEVICE``) the same computation without a stream."""
+    import contextlib
+
+    torch, device = _torch_device()
+    from cortexc.torch import CellModule, ForestBatch
+
+    cls = packages["mid", "binary_treelstm"].BinaryTreeLSTM
+    on_cpu, on_gpu = CellModule(cls, seed=3, sparse=sparse), CellModule(cls, seed=3, sparse=sparse)
+    on_gpu = on_gpu.to(device) if DEVICE == "cuda" else on_gpu.use_backend(DEVICE)
+    forest = _forest(cls.cell, rng)
+    batch = ForestBatch.from_forest(forest)
+    word = torch.from_numpy(random_inputs(cls.cell, forest, rng)["word"])
+    weights = None
+    results = []
+    for module, where in ((on_cpu, torch.device("cpu")), (on_gpu, device)):
+        on_stream = where.type == "cuda"
+        stream = torch.cuda.Stream(where) if on_stream else None
+        with torch.cuda.stream(stream) if on_stream else contextlib.nullcontext():
+            if on_stream:
+                torch.cuda._sleep(50_000_000)  # ~50 ms of spinning queued on s, before the input exists
+            given = word.to(where, non_blocking=True) * 1  # written on s, after the spin
+            out = module(batch, word=given)
+            if weights is None:
+                weights = {k: torch.randn(tuple(v.shape)) for k, v in out.items()}
+            loss = sum((out[k] * w.to(where)).sum() for k, w in weights.items())
+            loss.backward()
+            grads = {n: p.grad.to_dense().cpu() for n, p in module.named_parameters()}
+            results.append(({k: v.detach().cpu() for k, v in out.items()}, grads))
+        if on_stream:
+            stream.synchronize()
+    (out_cpu, grads_cpu), (out_gpu, grads_gpu) = results
+    for key, value in out_cpu.items():
+        assert _relative(out_gpu[key].numpy(), value.numpy()) < FORWARD_RTOL, key
+    for key, value in grads_cpu.items():
+        assert _relative(grads_gpu[key].numpy(), value.numpy()) < BACKWARD_RTOL, key
 
 
 NCCL_RANK = """

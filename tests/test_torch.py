@@ -8,9 +8,11 @@ recompile count; pickling; sparse embedding gradients; typed errors.
 from __future__ import annotations
 
 import copy
+import ctypes
 import pickle
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -19,6 +21,7 @@ torch = pytest.importorskip("torch")
 
 import cortexc  # noqa: E402
 from cortexc import Forest, InputError  # noqa: E402
+from cortexc.errors import CortexcError  # noqa: E402
 from cortexc.torch import CellModule, ForestBatch, cell_backward, cell_forward  # noqa: E402
 from tests.helpers import EXAMPLES, REPO, relative_error  # noqa: E402
 from tests.test_autodiff import torch_binary_treelstm, torch_childsum  # noqa: E402
@@ -518,14 +521,14 @@ def test_the_cuda_host_path_reads_and_writes_torch_s_tensors_in_place(childsum, 
     seen = {}
     forward_at, backward_at = executor.run_forward_at, executor.run_backward_at
 
-    def spy_forward(lin, packed, arrays, dropout):
+    def spy_forward(lin, packed, arrays, *rest):
         seen["forward"] = {k: list(v) for k, v in arrays.items()}
-        return forward_at(lin, packed, arrays, dropout)
+        return forward_at(lin, packed, arrays, *rest)
 
-    def spy_backward(lin, packed, arrays, grads, dropout):
+    def spy_backward(lin, packed, arrays, grads, *rest):
         seen["backward"] = {k: list(v) for k, v in arrays.items()}
         seen["grads"] = {k: list(v) for k, v in grads.items()}
-        return backward_at(lin, packed, arrays, grads, dropout)
+        return backward_at(lin, packed, arrays, grads, *rest)
 
     monkeypatch.setattr(executor, "run_forward_at", spy_forward)
     monkeypatch.setattr(executor, "run_backward_at", spy_backward)
@@ -541,16 +544,28 @@ def test_the_cuda_host_path_reads_and_writes_torch_s_tensors_in_place(childsum, 
     assert seen["grads"]["d_inputs"] == [x.grad.data_ptr()]  # torch's gradient is the kernels' array
 
 
-def test_the_cuda_runner_takes_torchs_arch_needs_no_pycuda_and_checks_the_stream(binary, rng, monkeypatch):
-    """The runner `.to("cuda")` makes: the arch from torch (nvcc's -arch), no PyCUDA imported, torch's
-    current stream must be the default one; here nvcc is replaced by the emulator build and the op runs
-    on CPU tensors, against the cpu module."""
-    import types
+def _stream_log(lib) -> list[tuple[str, int]]:
+    """The emulator's stream log (cuda_emu.h): (what, stream handle) of every launch, copy, memset and sync."""
+    lib.cx_emu_stream_log.restype = ctypes.c_int64
+    lib.cx_emu_stream_log.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    count = lib.cx_emu_stream_log(None, None, 0)
+    ops, streams = np.zeros(count, np.int64), np.zeros(count, np.uint64)
+    lib.cx_emu_stream_log(ops.ctypes.data, streams.ctypes.data, count)
+    names = ("launch", "cooperative", "copy", "memset", "sync")
+    return [(names[op], int(stream)) for op, stream in zip(ops, streams)]
 
+
+@pytest.mark.parametrize("mode", ["split", "levels"])
+def test_the_cuda_runner_takes_torchs_arch_needs_no_pycuda_and_runs_on_torchs_stream(binary, rng, monkeypatch, mode):
+    """The runner `.to("cuda")` makes: the arch from torch (nvcc's -arch), no PyCUDA imported, and every
+    launch, copy and synchronisation of a call (the packed weights' upload too) on torch's current stream,
+    whichever it is; here nvcc is replaced by the emulator build (which records the stream each of them
+    names) and the ops run on CPU tensors, against the cpu module, forward and backward."""
     from cortexc.errors import CortexcError
     from cortexc.runtime import cuda as cuda_runtime
+    from cortexc.runtime.abi import LaunchMode, LaunchOptions
     from cortexc.runtime.cuda_emulated import build_emulated
-    from cortexc.torch import _HANDLES, _RUNNERS, _Runner
+    from cortexc.torch import _HANDLES, _RUNNERS, _Runner, _split
 
     monkeypatch.setitem(sys.modules, "pycuda", None)  # importing PyCUDA fails
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (8, 6))
@@ -562,33 +577,90 @@ def test_the_cuda_runner_takes_torchs_arch_needs_no_pycuda_and_checks_the_stream
 
     monkeypatch.setattr(cuda_runtime, "build_shared", build)
     runner = _Runner(binary, "cuda", 0)
+    runner.executor.launch = LaunchOptions(LaunchMode(mode))  # persistent cooperative / one grid per level
     assert builds[0][1] == "nvcc" and "-arch=sm_86" in builds[0][2] and builds[0][0].endswith("_sm86")
+    streams = {0: 0x5EED0, 1: 0x5EED1}
+    asked = []
+
+    def current_stream(device=None):
+        asked.append(device)
+        return types.SimpleNamespace(cuda_stream=streams[len(asked) > 1])
+
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
     handle = next(_HANDLES)
     _RUNNERS[handle] = runner
+    lib = runner.executor.lib
     try:
         module = CellModule(binary, seed=5)
         forest, word = binary_case(rng)
         batch = ForestBatch.from_forest(forest)
         params = [getattr(module, name) for name in runner.params]
-        mode = (False, torch.zeros((), dtype=torch.int64))  # evaluation mode
-        got = cell_forward(handle, params, [torch.as_tensor(word, dtype=torch.int32)], *batch.tensors(), *mode)
-        expected = cell_forward(
-            module._handle, params, [torch.as_tensor(word, dtype=torch.int32)], *batch.tensors(), *mode
-        )
+        mode_args = (False, torch.zeros((), dtype=torch.int64))  # evaluation mode
+        inputs = [torch.as_tensor(word, dtype=torch.int32)]
+        lib.cx_emu_stream_log_start()
+        got = cell_forward(handle, params, inputs, *batch.tensors(), *mode_args)
+        forward_log = _stream_log(lib)
+        expected = cell_forward(module._handle, params, inputs, *batch.tensors(), *mode_args)
         for a, b in zip(got, expected):
+            assert relative_error(a.detach().numpy(), b.detach().numpy()) < 1e-5
+        states, hoisted, outputs = _split(runner, got)
+        upstream = [torch.from_numpy(rng.standard_normal(o.shape).astype(np.float32)) for o in outputs]
+        backward_args = (*batch.tensors(), states, hoisted, [None] * len(states), upstream, *mode_args)
+        lib.cx_emu_stream_log_start()
+        grads = cell_backward(handle, params, inputs, *backward_args)
+        backward_log = _stream_log(lib)
+        expected_grads = cell_backward(module._handle, params, inputs, *backward_args)
+        for a, b in zip(grads, expected_grads):
             assert relative_error(a.detach().numpy(), b.detach().numpy()) < 1e-5
     finally:
         del _RUNNERS[handle]
-
-    on_gpu = types.SimpleNamespace(device=torch.device("cuda", 0))
-    streams = {"current": types.SimpleNamespace(cuda_stream=0)}
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: streams["current"])
-    runner.check_stream(on_gpu)  # the default stream: fine
-    streams["current"] = types.SimpleNamespace(cuda_stream=0x1234)
-    with pytest.raises(CortexcError, match="default CUDA stream"):
-        runner.check_stream(on_gpu)
+    assert asked == [0, 0]  # the runner's device, once per call
+    launches = {"split": "cooperative", "levels": "launch"}[mode]
+    for log, stream in ((forward_log, streams[0]), (backward_log, streams[1])):
+        whats = [what for what, _ in log]
+        assert launches in whats and "copy" in whats and whats[-1] == "sync", log
+        assert {handle for _, handle in log} == {stream}, log  # nothing on another stream, no device sync
+    assert forward_log.count(("copy", streams[0])) == 2  # the packed weights (first call), the call's arena
     with pytest.raises(CortexcError, match="use_backend takes 'cpu' or 'cuda-emu'"):
         module.use_backend("cuda")
+
+
+def test_a_failed_cuda_call_waits_for_its_stream_before_its_arena_is_reused(childsum, rng, monkeypatch):
+    """An entry point that fails (a launch error) returns before synchronising its stream: the executor
+    waits for that stream before the call's arena goes back to the pool (a call on another stream could
+    take it while the upload still runs) and raises a typed error."""
+    module = CellModule(childsum, seed=1).use_backend("cuda-emu")
+    forest = Forest.random(3, rng=rng, max_children=3, max_nodes=9)
+    x = torch.from_numpy(rng.standard_normal((forest.num_nodes, CHILDSUM["X"])).astype(np.float32))
+    module(forest, x=x)  # makes the runner
+    from cortexc.torch import _RUNNERS
+
+    (handle,) = module._device_handles.values()
+    runner = _RUNNERS[handle]
+    executor = runner.executor
+    events = []
+    monkeypatch.setattr(runner, "stream", lambda: 0x77)
+    monkeypatch.setattr(executor.lib, "cx_forward", lambda *args: 719)  # cudaErrorLaunchFailure
+    sync, give_back = executor.memory.sync, executor.pool.give_back
+    monkeypatch.setattr(executor.memory, "sync", lambda stream=0: (events.append(("sync", stream)), sync(stream)))
+    monkeypatch.setattr(executor.pool, "give_back", lambda block: (events.append(("give_back", 0)), give_back(block)))
+    with pytest.raises(CortexcError, match="the CUDA forward failed with cudaError 719"):
+        module(forest, x=x)
+    assert events == [("sync", 0x77), ("give_back", 0)]
+
+
+def test_the_numpy_api_on_cuda_runs_on_the_default_stream(binary, rng):
+    """The NumPy API (what PyCUDA drives on a GPU) passes no stream: every copy, launch and sync of its calls
+    is on the default stream (handle 0), forward and backward."""
+    model = binary(device="cuda-emu", seed=2)
+    forest, word = binary_case(rng)
+    lib = model._executor_for_device().lib
+    lib.cx_emu_stream_log_start()
+    out = model(forest, grad=True, word=word)
+    model.backward(out, {"logits": np.ones_like(out["logits"])})
+    log = _stream_log(lib)
+    assert {"launch", "cooperative"} & {what for what, _ in log} and {"copy", "memset", "sync"} <= {w for w, _ in log}
+    assert {stream for _, stream in log} == {0}, log
 
 
 # ------------------------------------------------------------------------------------------- dropout

@@ -4,8 +4,9 @@ Each rank builds its module with a different seed (DDP must broadcast rank 0's p
 its own shard; after every step both ranks hold bitwise the same params, equal (float32 tolerance) to
 one process stepping with the two shards' gradients averaged. With ``sparse=True`` the embedding
 table is DDP-ignored and the module broadcasts it and averages its sparse gradient itself (checked
-with SGD and with Adagrad's sparse update). The package and its `.so` are built here, before the
-ranks start, so they only load it.
+with SGD and with Adagrad's sparse update), also over gradient accumulation under ``ddp.no_sync()``
+(no collective on the unsynced step; the synced one averages the accumulated gradients). The package
+and its `.so` are built here, before the ranks start, so they only load it.
 """
 
 from __future__ import annotations
@@ -162,3 +163,118 @@ def test_a_sparse_module_in_a_compiled_graph_on_several_ranks_runs_eagerly_or_is
     torch._dynamo.reset()  # the frame dynamo fell back on is skipped from then on
     dense = torch.compile(CellModule(cls, sparse=False), backend="aot_eager", fullgraph=True)(batch, word=word)
     assert torch.allclose(dense["logits"], out["logits"], rtol=1e-5, atol=1e-6)
+
+
+ACCUMULATE = """
+import os, pickle, sys
+import numpy as np, torch, torch.distributed as dist
+from cortexc.runtime.model import cell_class
+from cortexc.torch import CellModule
+rank, package, shards, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+dist.init_process_group("gloo", rank=rank, world_size=2)
+gathers = []  # every all_gather (the module's sparse averaging; DDP's own buckets are the C++ reducer's)
+all_gather = dist.all_gather
+dist.all_gather = lambda *args, **kwargs: (gathers.append(1), all_gather(*args, **kwargs))[1]
+module = CellModule(cell_class(package, "BinaryTreeLSTM"), seed=100 + rank, sparse=True)
+ddp = torch.nn.parallel.DistributedDataParallel(module)
+optimizer = torch.optim.SGD(ddp.parameters(), lr=0.5)
+with open(shards, "rb") as file:
+    steps = pickle.load(file)
+
+def micro_batch(forest, word, labels):
+    logits = ddp(forest, word=torch.as_tensor(word))["logits"]
+    torch.nn.functional.cross_entropy(logits[torch.tensor(forest.roots)], torch.tensor(labels)).backward()
+
+history, counts = [], []
+for step in steps:
+    optimizer.zero_grad()
+    (first, second) = step[rank]
+    before = len(gathers)
+    with ddp.no_sync():
+        micro_batch(*first)
+    local = module.E.grad.coalesce()  # after the unsynced backward: this rank's own gradient, nothing averaged
+    unsynced = len(gathers) - before
+    micro_batch(*second)
+    counts.append((unsynced, len(gathers) - before - unsynced))
+    history.append(
+        {"local_E": (local.indices().numpy().copy(), local.values().numpy().copy()),
+         "grad_E": module.E.grad.to_dense().numpy().copy(),
+         "grad_W": module.W_iou.grad.numpy().copy()}
+    )
+    optimizer.step()
+    history[-1]["params"] = {k: v.detach().numpy().copy() for k, v in module.state_dict().items()}
+with open(out, "wb") as file:
+    pickle.dump((history, counts), file)
+dist.destroy_process_group()
+"""
+
+
+def test_no_sync_accumulation_averages_the_sparse_tables_like_ddp_s_params(rng, tmp_path):
+    """Gradient accumulation over 2 micro-batches per rank, the first under ``ddp.no_sync()``: no
+    collective runs in the unsynced backward (the table's gradient stays the rank's own), and after the
+    synced one the sparse table's gradient, like the dense params', is the average over the ranks of
+    each rank's accumulated gradient; after each step both ranks' params are bitwise equal and equal
+    (float32 tolerance) to one process stepping with those averaged accumulated gradients."""
+    cls = cortexc.load(EXAMPLES / "binary_treelstm.cell", **DIMS).BinaryTreeLSTM
+    reference = CellModule(cls, seed=100, sparse=True)  # rank 0's init; builds the .so once, here
+    steps = []
+    for _ in range(2):
+        step = []
+        for _rank in range(2):
+            micro = []
+            for _k in range(2):
+                forest = Forest.random(3, rng=rng, binary=True, max_children=2, max_nodes=9)
+                micro.append((forest, rng.integers(0, DIMS["V"], forest.num_nodes), rng.integers(0, DIMS["C"], 3)))
+            step.append(micro)
+        steps.append(step)
+    with open(tmp_path / "shards.pickle", "wb") as file:
+        pickle.dump(steps, file)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
+    env["MASTER_PORT"] = str(_free_port())
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", ACCUMULATE, str(r), str(cls._package), str(tmp_path / "shards.pickle")]
+            + [str(tmp_path / f"{r}.pickle")],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    for process in ranks:
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err
+    results = []
+    for r in range(2):
+        with open(tmp_path / f"{r}.pickle", "rb") as file:
+            results.append(pickle.load(file))
+    for _, counts in results:
+        assert counts == [(0, 3)] * len(steps)  # none under no_sync; the synced backward's 3 all-gathers
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
+    for index, step in enumerate(steps):
+        ranks_state = [history[index] for history, _ in results]
+        for name in ranks_state[0]["params"]:
+            assert np.array_equal(ranks_state[0]["params"][name], ranks_state[1]["params"][name]), (index, name)
+        assert np.array_equal(ranks_state[0]["grad_E"], ranks_state[1]["grad_E"])
+        accumulated = []
+        for r, (first, second) in enumerate(step):
+            reference.zero_grad()
+            for k, (forest, word, labels) in enumerate((first, second)):
+                logits = reference(forest, word=torch.as_tensor(word))["logits"]
+                torch.nn.functional.cross_entropy(logits[torch.tensor(forest.roots)], torch.tensor(labels)).backward()
+                if k == 0:  # the rank's table gradient after its unsynced backward: its own, not averaged
+                    own = reference.E.grad.coalesce()
+                    rows, values = ranks_state[r]["local_E"]
+                    assert np.array_equal(rows, own.indices().numpy())
+                    np.testing.assert_allclose(values, own.values().numpy(), rtol=1e-5, atol=1e-6)
+            accumulated.append({k: p.grad.to_dense().clone() for k, p in reference.named_parameters()})
+        for name, p in reference.named_parameters():
+            average = (accumulated[0][name] + accumulated[1][name]) / 2
+            p.grad = average.to_sparse() if name == "E" else average
+        np.testing.assert_allclose(ranks_state[0]["grad_E"], reference.E.grad.to_dense().numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(ranks_state[0]["grad_W"], reference.W_iou.grad.numpy(), rtol=1e-5, atol=1e-6)
+        optimizer.step()
+        for name, value in reference.state_dict().items():
+            np.testing.assert_allclose(
+                ranks_state[0]["params"][name], value.numpy(), rtol=1e-5, atol=1e-6, err_msg=name
+            )

@@ -72,15 +72,27 @@ GRAD_FIELDS: tuple[Field, ...] = (
     Field("deferred", "float *const *", "CUDA: per deferred weight gradient, its factors' rows (see driver)"),
 )
 
-#: `cx_launch`: how the CUDA driver launches (see `LaunchOptions` below)
+#: `cx_launch`: how the CUDA driver launches (see `LaunchOptions` below), and on which stream
 LAUNCH_FIELDS: tuple[Field, ...] = (
     Field("mode", "int64_t", "LAUNCH_MODES: 0 split (the default), 1 persistent by rows, 2 one grid per level"),
     Field("max_blocks", "int64_t", "caps the grid of a persistent or column launch (0: no cap)"),
     Field("weights_global", "int64_t", "split mode: weight slices stay in global memory"),
+    Field("stream", "void *", "the cudaStream_t of every launch, copy and sync of the call (NULL: default)"),
 )
 
 #: the values of `cx_launch.mode`, by the name `CORTEXC_CUDA_MODE` and `LaunchOptions.mode` use
 LAUNCH_MODES: Mapping[str, int] = {"split": 0, "persistent": 1, "levels": 2}
+
+#: the device-memory functions every CUDA library exports for the runtime (`device.DeviceMemory`); the
+#: copies, memsets and the sync take the call's stream last (a library without `cx_mem_sync` predates that)
+DEVICE_MEMORY_EXPORTS: tuple[str, ...] = (
+    "cx_mem_alloc",
+    "cx_mem_free",
+    "cx_mem_upload",
+    "cx_mem_zero",
+    "cx_mem_download",
+    "cx_mem_sync",
+)
 
 #: every struct of the ABI by its C name
 STRUCTS: Mapping[str, tuple[Field, ...]] = {"cx_call": CALL_FIELDS, "cx_grad": GRAD_FIELDS, "cx_launch": LAUNCH_FIELDS}
@@ -180,8 +192,12 @@ class LaunchOptions:
         except (KeyError, TypeError, ValueError) as err:
             raise CortexcError(f"malformed launch options {dict(data)!r} ({err})") from None
 
-    def struct(self) -> ctypes.Structure:
-        """The `cx_launch` the entry points take."""
+    def struct(self, stream: int = 0) -> ctypes.Structure:
+        """The `cx_launch` the entry points take; `stream` is the call's cudaStream_t (0: the default
+        stream), not an option: a call's, filled in per call."""
         return CxLaunch(
-            mode=LAUNCH_MODES[self.mode.value], max_blocks=self.max_blocks, weights_global=int(self.weights_global)
+            mode=LAUNCH_MODES[self.mode.value],
+            max_blocks=self.max_blocks,
+            weights_global=int(self.weights_global),
+            stream=stream or None,
         )

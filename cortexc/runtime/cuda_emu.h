@@ -17,9 +17,10 @@
  * API for generated code
  * ----------------------
  *   CX_LAUNCH(kernel, grid, block, shmem, args...)          kernel<<<grid, block, shmem>>>(args...)
- *   CX_LAUNCH_STREAM(kernel, grid, block, shmem, stream, args...)    (the stream is ignored here)
+ *   CX_LAUNCH_STREAM(kernel, grid, block, shmem, stream, args...)    the same on `stream` (recorded)
  *   CX_LAUNCH_COOPERATIVE(kernel, grid, block, shmem, args...)  -> cudaError_t; a cooperative launch
  *       (cudaLaunchCooperativeKernel): every block is resident at once, so cx_grid_sync() works.
+ *   CX_LAUNCH_COOPERATIVE_STREAM(kernel, grid, block, shmem, stream, args...)  the same on `stream`
  *   cx_grid_sync()                       barrier over every thread of the grid (cooperative launches only)
  *   CX_SHARED(T, name, count)            __shared__ T name[count]        } per-block storage in both launch
  *   CX_SHARED_2D(T, name, rows, cols)    __shared__ T name[rows][cols]   } modes; use inside kernel bodies
@@ -86,7 +87,11 @@
  * - Plain `__shared__` arrays are zero-initialised once and keep the previous block's values (no poison).
  * - __activemask() returns all non-exited lanes of the warp, even inside divergent branches.
  * - Fast-math intrinsics are computed at full float precision; __float2int_rn etc. use the host FPU.
- * - Kernels run synchronously at launch; streams and events only keep host code compiling. Launch
+ * - Kernels run synchronously at launch; streams and events only keep host code compiling, but the stream
+ *   each launch, copy, memset and synchronisation names is recorded while the stream log is on
+ *   (extern "C" cx_emu_stream_log_start / cx_emu_stream_log: op codes cx_emu::StreamOp and the handles;
+ *   the legacy calls without a stream record 0), so a test can see a stream handle reach them. A handle
+ *   is never dereferenced: any value works. Launch
  *   from one host thread at a time (the segfault handler is process-wide). An error aborts the whole
  *   process: a test that expects one runs the kernel in a subprocess.
  * - No textures/surfaces, half/bfloat16, dynamic parallelism, inline PTX, cooperative_groups API (use
@@ -163,12 +168,18 @@
 #define CX_EMU_CAT_(a, b) CX_EMU_CAT2_(a, b)
 
 /* Emulator side of the nvcc prelude (see the header comment). */
-#define CX_LAUNCH(kernel, grid, block, shmem, ...) \
-    ::cx_emu::launch_named(#kernel, kernel, (grid), (block), (shmem), ##__VA_ARGS__)
-#define CX_LAUNCH_STREAM(kernel, grid, block, shmem, stream, ...) \
-    ((void)(stream), ::cx_emu::launch_named(#kernel, kernel, (grid), (block), (shmem), ##__VA_ARGS__))
-#define CX_LAUNCH_COOPERATIVE(kernel, grid, block, shmem, ...) \
-    ::cx_emu::launch_cooperative_named(#kernel, kernel, (grid), (block), (shmem), ##__VA_ARGS__)
+#define CX_LAUNCH(kernel, grid, block, shmem, ...)                                                  \
+    (::cx_emu::record_stream(::cx_emu::STREAM_LAUNCH, nullptr),                                      \
+     ::cx_emu::launch_named(#kernel, kernel, (grid), (block), (shmem), ##__VA_ARGS__))
+#define CX_LAUNCH_STREAM(kernel, grid, block, shmem, stream, ...)                                    \
+    (::cx_emu::record_stream(::cx_emu::STREAM_LAUNCH, (const void *)(stream)),                       \
+     ::cx_emu::launch_named(#kernel, kernel, (grid), (block), (shmem), ##__VA_ARGS__))
+#define CX_LAUNCH_COOPERATIVE(kernel, grid, block, shmem, ...)                                      \
+    (::cx_emu::record_stream(::cx_emu::STREAM_COOPERATIVE, nullptr),                                 \
+     ::cx_emu::launch_cooperative_named(#kernel, kernel, (grid), (block), (shmem), ##__VA_ARGS__))
+#define CX_LAUNCH_COOPERATIVE_STREAM(kernel, grid, block, shmem, stream, ...)                        \
+    (::cx_emu::record_stream(::cx_emu::STREAM_COOPERATIVE, (const void *)(stream)),                  \
+     ::cx_emu::launch_cooperative_named(#kernel, kernel, (grid), (block), (shmem), ##__VA_ARGS__))
 #define CX_SHARED(T, name, count)                                                                    \
     static char CX_EMU_CAT_(cx_shared_key_, name);                                                   \
     T(&name)[count] = *reinterpret_cast<T(*)[count]>(                                                \
@@ -1042,6 +1053,25 @@ inline KernelCall<P...> call_from_argv(void (*kernel)(P...), void **argv, std::i
 }  // namespace detail
 
 /* ------------------------------------------------------------------------------------------------ */
+/* Stream log: which stream each launch, copy, memset and synchronisation named (off until started)  */
+/* ------------------------------------------------------------------------------------------------ */
+enum StreamOp { STREAM_LAUNCH = 0, STREAM_COOPERATIVE = 1, STREAM_COPY = 2, STREAM_MEMSET = 3, STREAM_SYNC = 4 };
+struct StreamLog {
+    std::mutex mu;
+    bool on = false;
+    std::vector<std::pair<int64_t, uint64_t>> entries;  // (StreamOp, handle)
+};
+inline StreamLog &stream_log() {
+    static StreamLog log;
+    return log;
+}
+inline void record_stream(StreamOp op, const void *stream) {
+    StreamLog &log = stream_log();
+    std::lock_guard<std::mutex> lock(log.mu);
+    if (log.on) log.entries.emplace_back((int64_t)op, (uint64_t)(uintptr_t)stream);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
 /* Public launch API                                                                                */
 /* ------------------------------------------------------------------------------------------------ */
 template <class... P, class... A>
@@ -1450,8 +1480,9 @@ inline cudaError_t cudaHostAlloc(void **p, size_t size, unsigned) { return cudaM
 inline cudaError_t cudaFree(void *p) { return cx_emu::detail::do_free(p, "cudaFree", false); }
 inline cudaError_t cudaFreeHost(void *p) { return cx_emu::detail::do_free(p, "cudaFreeHost", true); }
 
-inline cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, cudaMemcpyKind kind) {
-    using namespace cx_emu::detail;
+namespace cx_emu {
+namespace detail {
+inline cudaError_t copy(void *dst, const void *src, size_t count, cudaMemcpyKind kind) {
     if (count == 0) return cudaSuccess;
     static const char *names[] = {"cudaMemcpy(HostToHost)", "cudaMemcpy(HostToDevice)", "cudaMemcpy(DeviceToHost)",
                                   "cudaMemcpy(DeviceToDevice)", "cudaMemcpy(Default)"};
@@ -1462,18 +1493,30 @@ inline cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, cudaMemc
     std::memmove(dst, src, count);
     return cudaSuccess;
 }
-inline cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, cudaMemcpyKind kind,
-                                   cudaStream_t = nullptr) {
-    return cudaMemcpy(dst, src, count, kind);
-}
-inline cudaError_t cudaMemset(void *p, int value, size_t count) {
+inline cudaError_t fill(void *p, int value, size_t count) {
     if (count == 0) return cudaSuccess;
-    cx_emu::detail::check_range("cudaMemset", "destination", p, count, true);
+    check_range("cudaMemset", "destination", p, count, true);
     std::memset(p, value, count);
     return cudaSuccess;
 }
-inline cudaError_t cudaMemsetAsync(void *p, int value, size_t count, cudaStream_t = nullptr) {
-    return cudaMemset(p, value, count);
+}  // namespace detail
+}  // namespace cx_emu
+inline cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, cudaMemcpyKind kind) {
+    cx_emu::record_stream(cx_emu::STREAM_COPY, nullptr);
+    return cx_emu::detail::copy(dst, src, count, kind);
+}
+inline cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, cudaMemcpyKind kind,
+                                   cudaStream_t stream = nullptr) {
+    cx_emu::record_stream(cx_emu::STREAM_COPY, stream);
+    return cx_emu::detail::copy(dst, src, count, kind);
+}
+inline cudaError_t cudaMemset(void *p, int value, size_t count) {
+    cx_emu::record_stream(cx_emu::STREAM_MEMSET, nullptr);
+    return cx_emu::detail::fill(p, value, count);
+}
+inline cudaError_t cudaMemsetAsync(void *p, int value, size_t count, cudaStream_t stream = nullptr) {
+    cx_emu::record_stream(cx_emu::STREAM_MEMSET, stream);
+    return cx_emu::detail::fill(p, value, count);
 }
 template <class T>
 inline cudaError_t cudaMemcpyToSymbol(T &symbol, const void *src, size_t count, size_t offset = 0,
@@ -1497,7 +1540,10 @@ inline cudaError_t cudaGetSymbolAddress(void **p, const T &symbol) {
     return cudaSuccess;
 }
 
-inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+inline cudaError_t cudaDeviceSynchronize() {
+    cx_emu::record_stream(cx_emu::STREAM_SYNC, nullptr);
+    return cudaSuccess;
+}
 inline cudaError_t cudaDeviceReset() { return cudaSuccess; }
 inline cudaError_t cudaStreamCreate(cudaStream_t *s) {
     static char dummy;
@@ -1506,7 +1552,10 @@ inline cudaError_t cudaStreamCreate(cudaStream_t *s) {
 }
 inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { return cudaStreamCreate(s); }
 inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    cx_emu::record_stream(cx_emu::STREAM_SYNC, stream);
+    return cudaSuccess;
+}
 inline cudaError_t cudaEventCreate(cudaEvent_t *e) {
     *e = new CUevent_st{std::chrono::steady_clock::now()};
     return cudaSuccess;
@@ -1621,7 +1670,8 @@ inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *num_blocks
 }
 template <class... P>
 inline cudaError_t cudaLaunchKernel(void (*kernel)(P...), dim3 grid, dim3 block, void **args, size_t shmem = 0,
-                                    cudaStream_t = nullptr) {
+                                    cudaStream_t stream = nullptr) {
+    cx_emu::record_stream(cx_emu::STREAM_LAUNCH, stream);
     auto call = cx_emu::detail::call_from_argv(kernel, args, std::index_sequence_for<P...>{});
     cx_emu::detail::run_launch("kernel", (const void *)kernel, grid, block, shmem, false, &decltype(call)::invoke,
                                &call);
@@ -1629,11 +1679,32 @@ inline cudaError_t cudaLaunchKernel(void (*kernel)(P...), dim3 grid, dim3 block,
 }
 template <class... P>
 inline cudaError_t cudaLaunchCooperativeKernel(void (*kernel)(P...), dim3 grid, dim3 block, void **args,
-                                               size_t shmem = 0, cudaStream_t = nullptr) {
+                                               size_t shmem = 0, cudaStream_t stream = nullptr) {
+    cx_emu::record_stream(cx_emu::STREAM_COOPERATIVE, stream);
     auto call = cx_emu::detail::call_from_argv(kernel, args, std::index_sequence_for<P...>{});
     cx_emu::detail::run_launch("kernel", (const void *)kernel, grid, block, shmem, true, &decltype(call)::invoke,
                                &call);
     return cudaSuccess;
+}
+
+/* The stream log for a host program or a test through ctypes (weak: one definition however many translation
+   units include this header). `start` clears it and turns it on; `read` copies up to `max` entries (op codes,
+   handles) and returns how many there are. */
+extern "C" __attribute__((weak)) void cx_emu_stream_log_start(void) {
+    cx_emu::StreamLog &log = cx_emu::stream_log();
+    std::lock_guard<std::mutex> lock(log.mu);
+    log.entries.clear();
+    log.on = true;
+}
+extern "C" __attribute__((weak)) int64_t cx_emu_stream_log(int64_t *ops, uint64_t *streams, int64_t max) {
+    cx_emu::StreamLog &log = cx_emu::stream_log();
+    std::lock_guard<std::mutex> lock(log.mu);
+    const int64_t count = (int64_t)log.entries.size();
+    for (int64_t i = 0; i < count && i < max; ++i) {
+        ops[i] = log.entries[(size_t)i].first;
+        streams[i] = log.entries[(size_t)i].second;
+    }
+    return count;
 }
 
 #endif /* CX_CUDA_EMU_H */

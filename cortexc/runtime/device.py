@@ -12,7 +12,11 @@ host staging buffer and go up in one copy; the states, hoisted rows and outputs 
 memset; the results come back in one copy. Params and packed weights go up once, in `set_params`.
 
 How the driver launches (`LaunchOptions`) reaches the generated code as a `cx_launch` struct; the C side
-never reads the environment.
+never reads the environment. So does the call's CUDA stream (`cx_launch.stream`): the NumPy API uses the
+default stream, `cortexc.torch` torch's current one (`run_forward_at`/`run_backward_at`, `upload_packed`).
+Every copy, memset and launch of a call is queued on that stream, and the entry points return once it has
+run them (`cudaStreamSynchronize`), so the arena goes back to the pool, and the host staging buffer is let
+go, only after the stream is done with them (on a failure, after `cx_mem_sync`).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from cortexc.errors import CortexcError
-from cortexc.runtime.abi import CxCall, CxGrad, CxLaunch, LaunchOptions, packed_weights
+from cortexc.runtime.abi import DEVICE_MEMORY_EXPORTS, CxCall, CxGrad, CxLaunch, LaunchOptions, packed_weights
 from cortexc.runtime.build import load_library
 from cortexc.runtime.linearize import Linearized
 from cortexc.runtime.philox import EVAL, Dropout
@@ -84,12 +88,20 @@ class DeviceMemory:
 
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib
+        missing = [name for name in DEVICE_MEMORY_EXPORTS if not hasattr(lib, name)]
+        if missing:
+            raise CortexcError(
+                f"the CUDA library {getattr(lib, '_name', lib)} lacks {', '.join(missing)}: it was built from a "
+                "package of an older cortexc (before calls took a CUDA stream); compile the package again"
+            )
         lib.cx_mem_alloc.argtypes = [ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p)]
         lib.cx_mem_free.argtypes = [ctypes.c_void_p]
-        lib.cx_mem_upload.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-        lib.cx_mem_zero.argtypes = [ctypes.c_void_p, ctypes.c_int64]
-        lib.cx_mem_download.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-        for name in ("cx_mem_alloc", "cx_mem_free", "cx_mem_upload", "cx_mem_zero", "cx_mem_download"):
+        stream = ctypes.c_void_p  # a cudaStream_t; None: the default stream
+        lib.cx_mem_upload.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, stream]
+        lib.cx_mem_zero.argtypes = [ctypes.c_void_p, ctypes.c_int64, stream]
+        lib.cx_mem_download.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, stream]
+        lib.cx_mem_sync.argtypes = [stream]
+        for name in DEVICE_MEMORY_EXPORTS:
             getattr(lib, name).restype = ctypes.c_int
 
     @staticmethod
@@ -105,17 +117,27 @@ class DeviceMemory:
     def free(self, address: int) -> None:
         self._check(self.lib.cx_mem_free(address), "free")
 
-    def upload(self, address: int, host: np.ndarray) -> None:
+    def upload(self, address: int, host: np.ndarray, stream: int = 0) -> None:
+        """Queue a copy up on `stream`: `host` must stay alive and unchanged until the stream is synchronised."""
         if host.nbytes:
-            self._check(self.lib.cx_mem_upload(address, host.ctypes.data, host.nbytes), "copy to the device")
+            self._check(
+                self.lib.cx_mem_upload(address, host.ctypes.data, host.nbytes, stream or None), "copy to the device"
+            )
 
-    def zero(self, address: int, nbytes: int) -> None:
+    def zero(self, address: int, nbytes: int, stream: int = 0) -> None:
         if nbytes:
-            self._check(self.lib.cx_mem_zero(address, nbytes), "memset")
+            self._check(self.lib.cx_mem_zero(address, nbytes, stream or None), "memset")
 
-    def download(self, host: np.ndarray, address: int) -> None:
+    def download(self, host: np.ndarray, address: int, stream: int = 0) -> None:
+        """Copy to the host after what `stream` has queued; returns when the bytes are there."""
         if host.nbytes:
-            self._check(self.lib.cx_mem_download(host.ctypes.data, address, host.nbytes), "copy to the host")
+            self._check(
+                self.lib.cx_mem_download(host.ctypes.data, address, host.nbytes, stream or None), "copy to the host"
+            )
+
+    def sync(self, stream: int = 0) -> None:
+        """Wait until `stream` has run everything queued on it."""
+        self._check(self.lib.cx_mem_sync(stream or None), "stream synchronisation")
 
 
 class ArenaPool:
@@ -273,12 +295,13 @@ class DeviceExecutor:
         self._params = DeviceParams(self.pool, 0, [], [])
         weakref.finalize(self, ArenaPool.close, self.pool)
 
-    def _launch_struct(self) -> ctypes.Structure:
-        """Explicit options, else the package's (its compile options) with the environment's changes."""
+    def _launch_struct(self, stream: int = 0) -> ctypes.Structure:
+        """Explicit options, else the package's (its compile options) with the environment's changes; and
+        the call's stream."""
         if self.launch is not None:
-            return self.launch.struct()
+            return self.launch.struct(stream)
         default = LaunchOptions.from_json(self.spec["launch"]) if "launch" in self.spec else None
-        return LaunchOptions.from_environment(default=default).struct()
+        return LaunchOptions.from_environment(default=default).struct(stream)
 
     # --- params ----------------------------------------------------------------
     def set_params(self, params: Mapping[str, np.ndarray]) -> None:
@@ -288,13 +311,15 @@ class DeviceExecutor:
         arrays = [np.ascontiguousarray(params[name], np.float32) for name in names]
         self._params = self._upload(arrays, packed_weights(self.lib, self.spec, params))
 
-    def upload_packed(self, params: Mapping[str, np.ndarray]) -> DeviceParams:
+    def upload_packed(self, params: Mapping[str, np.ndarray], stream: int = 0) -> DeviceParams:
         """The packed GEMM weights of these (host) params in a block of their own, for callers that keep
-        the params themselves on the device (`cortexc.torch`: torch's CUDA tensors) and pass them per call."""
-        return self._upload([], packed_weights(self.lib, self.spec, params))
+        the params themselves on the device (`cortexc.torch`: torch's CUDA tensors) and pass them per call;
+        copied on `stream` (the calls' stream, which orders the copy before their kernels) and waited for."""
+        return self._upload([], packed_weights(self.lib, self.spec, params), stream)
 
-    def _upload(self, params: list[np.ndarray], packed: list[np.ndarray]) -> DeviceParams:
-        """Params and packed weights in one new block, in one copy."""
+    def _upload(self, params: list[np.ndarray], packed: list[np.ndarray], stream: int = 0) -> DeviceParams:
+        """Params and packed weights in one new block, in one copy (done when this returns: the staging
+        buffer is a local)."""
         arrays = params + packed
         layout = Layout()
         for index, array in enumerate(arrays):
@@ -305,9 +330,10 @@ class DeviceExecutor:
             staging[offset : offset + array.nbytes] = _bytes(array)
         block = self.pool.allocate(layout.size)
         try:
-            self.memory.upload(block, staging)
+            self.memory.upload(block, staging, stream)
+            self.memory.sync(stream)
         except BaseException:
-            self.pool.release(block)
+            self.pool.release(block)  # cudaFree waits for the device
             raise
         addresses = [block + layout.offsets[str(i)] for i in range(len(arrays))]
         return DeviceParams(self.pool, block, addresses[: len(params)], addresses[len(params) :])
@@ -365,7 +391,8 @@ class DeviceExecutor:
                 dropout_seed=dropout.seed,  # the backward reuses this call: it replays the masks
                 dropout_train=int(dropout.train),
             )
-            self.memory.upload(base, _staging(layout, uploaded, uploads, addresses, ("call", call)))
+            staging = _staging(layout, uploaded, uploads, addresses, ("call", call))  # kept: see `upload`
+            self.memory.upload(base, staging)
             self.memory.zero(base + uploaded, layout.size - uploaded)
             launch = self._launch_struct()
             forward = self.lib.cx_forward
@@ -386,6 +413,7 @@ class DeviceExecutor:
                 result = self._on_device({key: (at(key), shape) for key, shape in result_shapes.items()})
             result = {key.split("/", 1)[1]: value for key, value in result.items()}
         except BaseException:
+            self._quiesce()  # a failed call may leave its copies queued: the block waits for them
             self.pool.give_back((size, base))
             raise
         if not keep:
@@ -398,25 +426,29 @@ class DeviceExecutor:
 
     # --- calls on caller-allocated device arrays (cortexc.torch) ------------------------------------
     def run_forward_at(
-        self, lin: Linearized, packed: DeviceParams, arrays: Mapping[str, list[int]], dropout: Dropout = EVAL
+        self,
+        lin: Linearized,
+        packed: DeviceParams,
+        arrays: Mapping[str, list[int]],
+        dropout: Dropout = EVAL,
+        stream: int = 0,
     ) -> None:
         """The forward into device arrays the caller allocated, given by address in the ABI's orders:
         `arrays` maps "params", "inputs", "states" (N + 1 rows, zeroed), "hoisted" and "outputs" to
         addresses; `packed` from `upload_packed`; `dropout` the call's mode. Only the forest, the pointer
-        tables and the call go up (one copy, into a pooled arena); nothing comes back. The kernels run on
-        the default stream."""
+        tables and the call go up (one copy, into a pooled arena); nothing comes back. Everything runs on
+        `stream` (a cudaStream_t; 0: the default stream), after the work already queued there, and is done
+        when this returns."""
         if not lin.num_nodes:
             return
-        call, layout, base, block = self._call_arena(lin, packed, arrays, None, dropout)
-        try:
-            launch = self._launch_struct()
-            status = self.lib.cx_forward(
-                ctypes.byref(call), base + layout.offsets["call"], lin.level_ptr.ctypes.data, ctypes.byref(launch)
-            )
-            if status:
-                raise CortexcError(f"the CUDA forward failed with cudaError {status}")
-        finally:
-            self.pool.give_back(block)
+        call, layout, base, block, staging = self._call_arena(lin, packed, arrays, None, dropout, stream)
+        status = self.lib.cx_forward(
+            ctypes.byref(call),
+            base + layout.offsets["call"],
+            lin.level_ptr.ctypes.data,
+            ctypes.byref(self._launch_struct(stream)),
+        )
+        self._finish(block, staging, stream, status, "forward")
 
     def run_backward_at(
         self,
@@ -425,29 +457,45 @@ class DeviceExecutor:
         arrays: Mapping[str, list[int]],
         grads: Mapping[str, list[int]],
         dropout: Dropout = EVAL,
+        stream: int = 0,
     ) -> None:
         """The backward into caller-allocated device arrays (`dropout`: the forward's mode, whose masks it
         recomputes): `arrays` as for `run_forward_at` (the forward's
         states and hoisted rows; "outputs" may be empty), `grads` maps "d_params", "d_inputs" (0 for an
         index input), "d_states" (holding the states' upstream gradients), "d_hoisted", "upstream" (0
-        for an output without one) and "deferred" (zeroed, `deferred_shapes`) to addresses."""
+        for an output without one) and "deferred" (zeroed, `deferred_shapes`) to addresses; `stream` as
+        for `run_forward_at`."""
         if not lin.num_nodes:
             return
-        call, layout, base, block = self._call_arena(lin, packed, arrays, grads, dropout)
+        call, layout, base, block, staging = self._call_arena(lin, packed, arrays, grads, dropout, stream)
+        mask = sum(1 << index for index, address in enumerate(grads["upstream"]) if address)
+        status = self.lib.cx_backward(
+            ctypes.byref(call),
+            base + layout.offsets["call"],
+            base + layout.offsets["grad"],
+            lin.level_ptr.ctypes.data,
+            mask,
+            ctypes.byref(self._launch_struct(stream)),
+        )
+        self._finish(block, staging, stream, status, "backward")
+
+    def _quiesce(self, stream: int = 0) -> None:
+        """Wait for `stream` after a failure, so that its arena can go back to the pool (a sync error is
+        not the one to report)."""
+        with contextlib.suppress(CortexcError):
+            self.memory.sync(stream)
+
+    def _finish(self, block: tuple[int, int], staging: np.ndarray, stream: int, status: int, what: str) -> None:
+        """After an entry point: its arena back to the pool and its host staging buffer let go, only once
+        `stream` is done with them. A successful entry point synchronised the stream itself; after a failure
+        it is synchronised here (a launch error leaves the upload, or earlier kernels, maybe in flight)."""
         try:
-            mask = sum(1 << index for index, address in enumerate(grads["upstream"]) if address)
-            status = self.lib.cx_backward(
-                ctypes.byref(call),
-                base + layout.offsets["call"],
-                base + layout.offsets["grad"],
-                lin.level_ptr.ctypes.data,
-                mask,
-                ctypes.byref(self._launch_struct()),
-            )
             if status:
-                raise CortexcError(f"the CUDA backward failed with cudaError {status}")
+                self._quiesce(stream)
+                raise CortexcError(f"the CUDA {what} failed with cudaError {status}")
         finally:
             self.pool.give_back(block)
+            del staging  # held until here: the copy up read it
 
     def deferred_shapes(self, lin: Linearized) -> list[tuple[int, int]]:
         """The shapes of the deferred weight gradients' factor rows a backward needs (one per node, or per
@@ -465,9 +513,11 @@ class DeviceExecutor:
         arrays: Mapping[str, list[int]],
         grads: Mapping[str, list[int]] | None,
         dropout: Dropout,
-    ) -> tuple[ctypes.Structure, Layout, int, tuple[int, int]]:
+        stream: int,
+    ) -> tuple[ctypes.Structure, Layout, int, tuple[int, int], np.ndarray]:
         """An arena holding the forest, the pointer tables of `arrays` (and `grads`), the `cx_call` (and
-        `cx_grad`) over them, uploaded in one copy: the host call struct, the layout, its base, its block."""
+        `cx_grad`) over them, their copy up queued on `stream`: the host call struct, the layout, its base,
+        its block and the host staging buffer (which the caller keeps until the stream has run the copy)."""
         uploads = {f: getattr(lin, f) for f in ("level_order", "level_ptr", "edge_ptr", "edge_child", "roots")}
         tables = {"params": list(arrays["params"]), "packed": packed.packed}
         tables |= {name: list(arrays[name]) for name in CALL_TABLES}
@@ -505,11 +555,12 @@ class DeviceExecutor:
             for key, array in pieces:
                 offset = layout.offsets[key]
                 staging[offset : offset + array.nbytes] = _bytes(array)
-            self.memory.upload(base, staging)
+            self.memory.upload(base, staging, stream)
         except BaseException:
+            self._quiesce(stream)
             self.pool.give_back(block)
             raise
-        return call, layout, base, block
+        return call, layout, base, block, staging
 
     def _download(self, layout: Layout, base: int, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
         """The arrays `shapes` names (consecutive in the arena; each may be a leading part of its place) in
@@ -583,7 +634,8 @@ class DeviceExecutor:
                 for table, keys in tables.items()
             }
             grad = CxGrad(*(base + layout.offsets[f"table/{table}"] for table in tables))
-            self.memory.upload(base, _staging(layout, uploaded, uploads, addresses, ("grad", grad)))
+            staging = _staging(layout, uploaded, uploads, addresses, ("grad", grad))  # kept: see `upload`
+            self.memory.upload(base, staging)
             self.memory.zero(base + uploaded, layout.size - uploaded)
             mask = sum(1 << index for index, name in enumerate(abi["outputs"]) if name in upstream)
             if (
@@ -604,6 +656,9 @@ class DeviceExecutor:
             arrays = self._download(
                 layout, base, {key: shape for key, shape in zeroed.items() if key.startswith(("d_param/", "d_input/"))}
             )
+        except BaseException:
+            self._quiesce()
+            raise
         finally:
             self.pool.give_back((size, base))
         return {key.split("/", 1)[1]: array for key, array in arrays.items()}
