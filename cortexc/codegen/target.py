@@ -18,6 +18,7 @@ class Target:
     threads_per_block: int = 1  # CUDA: threads that share a tile
     column_split: bool = False  # CUDA: small levels may be shared among blocks by columns (ColumnSplit)
     defer_outer_products: bool = False  # CUDA: weight gradients as one GEMM after the recursion (its only way)
+    fold_lookups: bool = False  # C: GEMMs of table rows may read a folded table in an inference (passes.fold)
 
 
 #: gcc with OpenMP; `-march=native` picks AVX-512 or AVX2 for the vector extensions of the GEMM.
@@ -30,6 +31,7 @@ C = Target(
     gemm_mr=8,
     tile_rows=32,
     private_accumulators=True,
+    fold_lookups=True,
 )
 
 #: nvcc; a tile of a level is one thread block, its threads share the rows x columns of every step.
