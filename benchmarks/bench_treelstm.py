@@ -466,7 +466,8 @@ def print_table(result: dict[str, Any], best: float) -> None:
             )
         lin = entry["linearize"]
         if fold is not None and fold["used"]:
-            print(f"{entry['batch']:>6} {'(folded FLOPs)':<20} {100 * entry['folded_flops_fraction']:>16.1f}% of the forward's")
+            share = 100 * entry["folded_flops_fraction"]
+            print(f"{entry['batch']:>6} {'(folded FLOPs)':<20} {share:>16.1f}% of the forward's")
         print(
             f"{entry['batch']:>6} {'linearize':<20} {entry['trees']:>6} {lin['trees_per_s']:>10.1f}   "
             f"(per batch: from_ptb {lin['parse_ms_per_batch']:.3f} ms, "
