@@ -40,6 +40,12 @@ cell WordChildSum on tree {
 _MODULES: dict[str, object] = {}
 
 
+@pytest.fixture(autouse=True)
+def _eager(monkeypatch):
+    """The tables built on the first inference (the default waits until they pay: its own test below)."""
+    monkeypatch.setenv(cpu.FOLD_VARIABLE, "eager")
+
+
 def _binary():
     if "binary" not in _MODULES:
         _MODULES["binary"] = cortexc.load(EXAMPLES / "binary_treelstm.cell", V=500, X=40, H=24)
@@ -110,8 +116,8 @@ def test_the_kernels_read_the_tables_in_inference_only(rng):
     forest, words = _forest(cls, rng)
     folded(forest, word=words)
     executor = folded._executor
-    weights, tables = executor._folded
-    executor._folded = (weights, [np.full_like(t, 7.0) for t in tables])
+    weights, tables, seen = executor._folded
+    executor._folded = (weights, [np.full_like(t, 7.0) for t in tables], seen)
     poisoned = folded(forest, word=words)
     assert not np.array_equal(poisoned["h"], plain(forest, word=words)["h"]), "the tables were not read"
     trained = folded(forest, grad=True, word=words)
@@ -166,7 +172,7 @@ def test_off_switches_and_the_memory_cap(monkeypatch, tmp_path_factory, rng):
 
     monkeypatch.setenv(cpu.FOLD_VARIABLE, "0")
     assert executor.folded_tables(executor._weights) is None
-    monkeypatch.delenv(cpu.FOLD_VARIABLE)
+    monkeypatch.setenv(cpu.FOLD_VARIABLE, "eager")
     folded.fold = False
     assert executor.folded_tables(executor._weights) is None
     folded.fold = True
@@ -212,3 +218,20 @@ def test_sst_dev_trees_fold_bitwise(rng):
     folded, plain, _ = _jittered(cls, rng)
     _assert_same_bits(folded(forest, word=words), plain(forest, word=words))
     assert folded._executor.fold_builds == 1
+
+
+def test_by_default_tables_are_built_once_they_pay(monkeypatch, rng):
+    """Unset CORTEXC_FOLD: the inferences since the params changed run the GEMMs until they have run as many
+    rows as the table has (V = 500 here); grad=True forwards do not count; a param change starts again."""
+    monkeypatch.delenv(cpu.FOLD_VARIABLE)
+    cls = _binary()
+    folded, plain, _ = _jittered(cls, rng)
+    forest, words = _forest(cls, rng)
+    calls_to_pay = -(-500 // forest.num_nodes)
+    for _ in range(2):
+        for call in range(calls_to_pay):
+            folded(forest, grad=True, word=words)
+            _assert_same_bits(folded(forest, word=words), plain(forest, word=words))
+            assert (folded._executor._folded[1] is not None) == (call == calls_to_pay - 1)
+        folded.load_params({"b_iou": folded.params["b_iou"]})
+    assert folded._executor.fold_builds == 2

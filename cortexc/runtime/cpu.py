@@ -97,7 +97,11 @@ class _Machine:
 
 MACHINE = _Machine()
 
-#: "0" turns folding off (`cortexc.passes.fold`: an inference reads folded look-up projections, not GEMMs)
+#: folding (`cortexc.passes.fold`: an inference reads folded look-up projections, not GEMMs): "0" turns it
+#: off, "eager" builds the tables on the first inference after the params change; by default they are built
+#: once the inferences since then have run as many rows as the tables have (building a table costs the GEMM
+#: of all its rows: so the work spent unfolded is at most what the build costs, and a loop that runs one
+#: inference per optimizer step never pays for a table it would use once)
 FOLD_VARIABLE = "CORTEXC_FOLD"
 #: the most memory the folded tables of one model may take, in MiB (a table that would pass it is not built)
 FOLD_LIMIT_VARIABLE = "CORTEXC_FOLD_MAX_MB"
@@ -180,7 +184,7 @@ class CpuExecutor:
         # folded tables (`cortexc.passes.fold`): built by `cx_fold` from one `_weights` value on the first
         # inference that uses it, and paired with that value (compared by identity, held, so never reused)
         self.folding = True  # the model's switch (`CellModel(fold=False)`); CORTEXC_FOLD=0 overrides it
-        self._folded: tuple[object, list[np.ndarray | None]] | None = None
+        self._folded: tuple[object, list[np.ndarray | None] | None, int] | None = None  # weights, tables, rows
         self._fold_lock = threading.Lock()
         self.fold_builds = 0  # how many times tables were built (and the time they took): for tests, benchmarks
         self.fold_build_seconds = 0.0
@@ -247,19 +251,28 @@ class CpuExecutor:
         self._weights = (self._weights[0], packed_weights(self.lib, self.spec, params))
         self._folded = None
 
-    def folded_tables(self, weights: tuple[list[np.ndarray], list[np.ndarray]]) -> list[np.ndarray | None] | None:
-        """The folded tables of these weights (a `_weights` value), built on first use; None when the cell
-        has no fold, folding is off (`folding`, `CORTEXC_FOLD=0`) or the memory cap leaves none. A table is
-        None where the cap (`CORTEXC_FOLD_MAX_MB`, over all tables of the model) leaves it out."""
+    def folded_tables(
+        self, weights: tuple[list[np.ndarray], list[np.ndarray]], rows: int = 0
+    ) -> list[np.ndarray | None] | None:
+        """The folded tables of these weights (a `_weights` value) for an inference of `rows` nodes, built
+        when it pays (see `FOLD_VARIABLE`); None when the cell has no fold, folding is off (`folding`,
+        `CORTEXC_FOLD=0`), not yet built or the memory cap leaves none. A table is None where the cap
+        (`CORTEXC_FOLD_MAX_MB`, over all tables of the model) leaves it out."""
         folds = self.spec.get("folds") or []
-        if not folds or not self.folding or os.environ.get(FOLD_VARIABLE, "").strip() == "0" or not weights[1]:
+        mode = os.environ.get(FOLD_VARIABLE, "").strip()
+        if not folds or not self.folding or mode == "0" or not weights[1]:
             return None
-        with self._fold_lock:  # two first inferences from two threads build once
+        with self._fold_lock:  # two inferences from two threads build once
             cached = self._folded
             if cached is None or cached[0] is not weights:
-                cached = (weights, self._build_folds(weights))
-                self._folded = cached
-        tables = cached[1]
+                cached = (weights, None, 0)
+            _, tables, seen = cached
+            if tables is None:
+                if mode != "eager" and seen + rows < sum(f["rows"] for f in folds):
+                    self._folded = (weights, None, seen + rows)  # this one runs the GEMMs
+                    return None
+                tables = self._build_folds(weights)
+            self._folded = (weights, tables, seen + rows)
         return tables if any(t is not None for t in tables) else None
 
     def _build_folds(self, weights: tuple[list[np.ndarray], list[np.ndarray]]) -> list[np.ndarray | None]:
@@ -397,7 +410,7 @@ class CpuExecutor:
         input_arrays = [inputs[name].copy() if keep else inputs[name] for name in abi["inputs"]]
         weights = self._weights  # one value: a concurrent load_params neither mixes nor frees them
         params, packed = weights
-        folded = None if keep else self.folded_tables(weights)  # a forward kept for a backward never folds
+        folded = None if keep else self.folded_tables(weights, n)  # a forward kept for a backward never folds
         self.run_forward(lin, params, input_arrays, states, hoisted, outputs, packed, dropout, folded)
         result = {name: state[:n].copy() if keep else state[:n] for name, state in zip(abi["states"], states)}
         result.update(zip(abi["outputs"], outputs))
