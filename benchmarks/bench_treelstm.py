@@ -5,7 +5,12 @@ In one run, with the same weights and the same trees, this times
 - ``interp``: cortexc's reference interpreter (NumPy, one node at a time), the eager baseline;
 - ``torch_per_node``: recursive PyTorch, one call per node (`peers.TorchPerNode`);
 - ``torch_level_batched``: PyTorch level by level, TF Fold / DGL style (`peers.TorchLevelBatched`);
-- ``compiled``: the cortexc compiled module, when ``cortexc.load`` exists (else "n/a").
+- ``compiled``: the cortexc compiled module, when ``cortexc.load`` exists (else "n/a"), as users get it:
+  its inferences read the leaves' ``W_iou @ E[word]`` from a folded table (`cortexc.passes.fold`);
+- ``compiled_unfolded``: the same with ``fold=False`` (every leaf GEMM run).
+
+GFLOP/s always counts the FLOPs the original cell needs (the folded leaf GEMMs included); the table says
+which share of them folding replaces by row copies, the table's memory and its one-time build.
 
 Trees are taken in consecutive batches of 1, 10, 100 or all trees of a split,
 as many batches as cover ``--max-trees`` trees (or one batch, if larger).
@@ -75,7 +80,7 @@ from cortexc.runtime.vocab import Vocab  # noqa: E402
 
 CELL = REPO / "examples" / "binary_treelstm.cell"
 SST_DIR = Path(os.environ.get("CORTEXC_SST_DIR", REPO.parent / "shared" / "data" / "sst"))
-IMPLS = ("interp", "torch_per_node", "torch_level_batched", "compiled")
+IMPLS = ("interp", "torch_per_node", "torch_level_batched", "compiled_unfolded", "compiled")
 CHECK_TREES = 20  # trees on which every implementation is checked against the interpreter
 CHECK_RTOL = 1e-4  # normwise relative error above which a result is flagged as a mismatch
 WARMUP_CALLS = 10  # calls of an implementation before it is timed, at least ...
@@ -108,7 +113,7 @@ def load_cell(cell_path: Path, dims: Mapping[str, int]) -> Cell:
     return lower_source(cell_path.read_text(), str(cell_path), defines=dict(dims))[0]
 
 
-def load_compiled(cell_path: Path, dims: Mapping[str, int]) -> tuple[Any | None, str]:
+def load_compiled(cell_path: Path, dims: Mapping[str, int], fold: bool = True) -> tuple[Any | None, str]:
     """The compiled ``BinaryTreeLSTM`` model (seed 0, CPU), or None and why not.
 
     The compiled path is still being built, so a missing ``cortexc.load``, a
@@ -119,7 +124,7 @@ def load_compiled(cell_path: Path, dims: Mapping[str, int]) -> tuple[Any | None,
         import cortexc
 
         module = cortexc.load(str(cell_path), **dims)
-        model = module.BinaryTreeLSTM(device="cpu", seed=0)
+        model = module.BinaryTreeLSTM(device="cpu", seed=0, fold=fold)
     except COMPILED_UNAVAILABLE as err:
         return None, f"n/a ({type(err).__name__}: {err})"
     return model, "ok"
@@ -273,7 +278,7 @@ def check_against_interp(
         try:
             out = run(forest, ids)
         except COMPILED_UNAVAILABLE as err:
-            if name != "compiled":
+            if not name.startswith("compiled"):
                 raise
             compiled_failure = f"n/a (first call: {type(err).__name__}: {err})"
             continue
@@ -297,12 +302,15 @@ def bench_config(
         "torch_level_batched": level,
     }
     model, compiled_status = load_compiled(args.cell, defines)
-    if model is not None:
+    unfolded, _ = load_compiled(args.cell, defines, fold=False)
+    if model is not None and unfolded is not None:
+        runners["compiled_unfolded"] = compiled_runner(unfolded, params)
         runners["compiled"] = compiled_runner(model, params)
     errors, compiled_failure = check_against_interp(cell, params, runners, lines, vocab)
     if compiled_failure is not None:
         compiled_status = compiled_failure
-        del runners["compiled"]
+        runners.pop("compiled", None)
+        runners.pop("compiled_unfolded", None)
     full = Forest.from_ptb(lines)
     result: dict[str, Any] = {
         "split": split,
@@ -314,6 +322,7 @@ def bench_config(
         "levels": full.num_levels,
         "compiled": compiled_status,
         "check_rel_err": errors,
+        "fold": fold_report(model, args.repeats) if "compiled" in runners else None,
         "batches": [],
     }
     for spec in args.batches:
@@ -331,6 +340,7 @@ def bench_config(
             "num_batches": len(batches),
             "trees": trees,
             "roofline_gflops": roofline,
+            "folded_flops_fraction": sum(leaf_flops(b.forest, dims) for b in batches) / sum(b.flops for b in batches),
             "linearize": {
                 "parse_ms_per_batch": 1e3 * parse_s / len(batches),
                 "encode_ms_per_batch": 1e3 * encode_s / len(batches),
@@ -340,7 +350,7 @@ def bench_config(
             "impls": {},
         }
         for name in IMPLS:
-            if name == "compiled" and name not in runners:
+            if name.startswith("compiled") and name not in runners:
                 entry["impls"][name] = {"status": compiled_status}
                 continue
             if name == "interp":
@@ -358,7 +368,7 @@ def bench_config(
             elif name == "torch_level_batched":
                 work = [((level.prepare(b.forest, b.ids),), len(b.lines), b.flops) for b in batches]
                 run = level.run
-            else:
+            else:  # the compiled models: the FLOPs of the original cell, folded or not
                 work = [((b.forest, b.ids), len(b.lines), b.flops) for b in batches]
                 run = runners[name]
             stats = time_runner(run, work, args.repeats)
@@ -367,6 +377,31 @@ def bench_config(
         result["batches"].append(entry)
         print(f"  [{split} H={hidden} batch={spec}] done", file=sys.stderr, flush=True)
     return result
+
+
+def leaf_flops(forest: Forest, dims: TreeDims) -> int:
+    """The FLOPs of the leaves' ``W_iou @ E[word]`` (what folding turns into row copies)."""
+    return int(np.count_nonzero(forest.num_children == 0)) * 2 * dims.X * 3 * dims.H
+
+
+def fold_report(model: Any, repeats: int) -> dict[str, Any]:
+    """Whether the compiled model's inferences fold, its tables' memory and their build time (the first
+    build, then the median of `repeats` rebuilds from the same weights)."""
+    executor = model._executor
+    tables = executor.folded_tables(executor._weights) if executor is not None else None
+    if not tables:
+        return {"used": False, "folds": model._spec.get("folds", [])}
+    rebuilds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        executor._build_folds(executor._weights)
+        rebuilds.append(time.perf_counter() - start)
+    return {
+        "used": True,
+        "folds": model._spec["folds"],
+        "table_mb": sum(t.nbytes for t in tables if t is not None) / 2**20,
+        "build_ms_median": 1e3 * statistics.median(rebuilds),
+    }
 
 
 # ------------------------------------------------------------- report
@@ -397,6 +432,16 @@ def print_table(result: dict[str, Any], best: float) -> None:
         f"% best sgemm: of {best:.1f} GFLOP/s, the best torch.matmul float32 rate measured in this run"
     )
     print(f"compiled: {result['compiled']}")
+    fold = result.get("fold")
+    if fold is not None:
+        if fold["used"]:
+            shapes = ", ".join(f"{f['table']} @ W^T [{f['rows']}, {f['m']}]" for f in fold["folds"])
+            print(
+                f"compiled folds: {shapes}: {fold['table_mb']:.1f} MiB, built in {fold['build_ms_median']:.1f} ms "
+                "(once per params); compiled_unfolded: fold=False. GFLOP/s: the original cell's FLOPs"
+            )
+        else:
+            print("compiled folds: none used")
     for name, errs in result["check_rel_err"].items():
         worst = max(errs.values()) if errs else float("nan")
         flag = "  MISMATCH" if worst > CHECK_RTOL else ""
@@ -422,6 +467,9 @@ def print_table(result: dict[str, Any], best: float) -> None:
                 f"{100 * stats['best_sgemm_fraction']:>11.2f}% {ratio:>15.3f}"
             )
         lin = entry["linearize"]
+        if fold is not None and fold["used"]:
+            share = 100 * entry["folded_flops_fraction"]
+            print(f"{entry['batch']:>6} {'(folded FLOPs)':<20} {share:>16.1f}% of the forward's")
         print(
             f"{entry['batch']:>6} {'linearize':<20} {entry['trees']:>6} {lin['trees_per_s']:>10.1f}   "
             f"(per batch: from_ptb {lin['parse_ms_per_batch']:.3f} ms, "

@@ -120,10 +120,13 @@ def target_stage(programs: tuple[Program, ...], job: Job) -> tuple[tuple[TargetP
     """Requires: scheduled programs. Guarantees: per cell, one program per target of the options, after
     that target's program passes: the column split (`passes.columns.split_columns`) for a target that
     shares small levels among blocks by columns (`Target.column_split`), deferred weight gradients
-    (`passes.deferred`) for one that computes them after the recursion (`Target.defer_outer_products`)."""
+    (`passes.deferred`) for one that computes them after the recursion (`Target.defer_outer_products`),
+    folded look-up projections (`passes.fold`) for one whose inferences may read folded tables
+    (`Target.fold_lookups`)."""
     from cortexc.codegen.target import TARGETS
     from cortexc.passes.columns import split_columns
     from cortexc.passes.deferred import defer_outer_products
+    from cortexc.passes.fold import fold_lookups
 
     per_cell = []
     for program in programs:
@@ -134,6 +137,8 @@ def target_stage(programs: tuple[Program, ...], job: Job) -> tuple[tuple[TargetP
                 variant = split_columns(variant)
             if target.defer_outer_products:
                 variant = defer_outer_products(variant, target.defer_min_width)
+            if target.fold_lookups:
+                variant = fold_lookups(variant)
             variants.append(TargetProgram(name, variant))
         per_cell.append(tuple(variants))
     return tuple(per_cell)

@@ -132,6 +132,12 @@ def package_files(source: str, source_file: str, options: CompileOptions, render
         # the deferred weight gradients differ by target (C keeps small ones per tile): each kernel's own
         spec["deferred_by_target"] = {v.target: _deferred_json(v.program) for v in item.programs}
         spec["kernel_sha256"] = hashes
+        # the folded look-up projections of the C program (the one target that folds): what `cx_fold` builds
+        c_program = next((v.program for v in item.programs if v.target == "c"), None)
+        spec["folds"] = [
+            {"name": f.name, "packed": f.packed, "table": f.table, "rows": f.rows, "m": f.m, "k": f.k}
+            for f in (c_program.folds if c_program is not None else ())
+        ]
         spec["launch"] = options.launch.to_json()
         specs.append(spec)
     description = {

@@ -150,6 +150,18 @@ def render(program: Program, target: Target, source_file: str) -> str:
         has_grads=cell.grads is not None,
         max_child_ks=max((len(k.child_ks) for k in program.kernels), default=0),
         num_packed=max(1, len(program.packed)),
+        folds=[
+            {
+                "name": f.name,
+                "param_index": [p.name for p in cell.params].index(f.table),
+                "packed_index": packed_index[f.packed],
+                "rows": f.rows,
+                "m": f.m,
+                "k": f.k,
+                "doc": f"{f.table} @ {program_packed_params(program, f.packed)}^T",
+            }
+            for f in program.folds
+        ],
         deferred=[{**term, "param_index": [p.name for p in cell.params].index(term["param"])} for term in deferred],
         deferred_params=_deferred_params(cell, deferred),
         defer_tm=C_DEFER_TM,
@@ -160,6 +172,11 @@ def render(program: Program, target: Target, source_file: str) -> str:
         split_stage_floats=-(-target.tile_rows * (max((w["k"] for w in split_weights.values()), default=0) + 1) // 4)
         * 4,
     )
+
+
+def program_packed_params(program: Program, packed: str) -> str:
+    """A packed weight's params, as `[A, B]` (comments)."""
+    return "[" + ", ".join(next(w for w in program.packed if w.name == packed).params) + "]"
 
 
 #: the rows of one run of a phase, as C expressions over `call` and `lp` (the level offsets; the driver
@@ -376,6 +393,7 @@ def _kernel_context(
         context["owner_only"] = split is not None and isinstance(step, Store) and not context["split"]
         if isinstance(step, Gemm):
             context["packed_index"] = packed_index[step.packed]
+            context.update(_fold_context(program, kernel, step))
         if isinstance(step, AccumOuter):
             where = [i for i, t in enumerate(deferred) if t["kernel"] == kernel.name and t["step"] == number]
             context["deferred"] = where[0] if where else None
@@ -414,6 +432,16 @@ def _kernel_context(
         "staged": staged,
         "accumulates": any(c["kind"] in ("accum_outer", "accum_sum") and "acc" in c for c in steps),
     }
+
+
+def _fold_context(program: Program, kernel: Kernel, step: Gemm) -> dict[str, Any]:
+    """A folded GEMM (`passes.fold`): its slot in `cx_call.folded` and the table row of tile row `i` (the
+    look-up's index), or `fold` None."""
+    if not step.fold:
+        return {"fold": None}
+    slot = [f.name for f in program.folds].index(step.fold)
+    index = kernel.body.values[kernel.body.values[step.operand].args[1]]
+    return {"fold": slot, "fold_row": f"(int64_t){input_symbol(index.name)}[nd[i]]"}
 
 
 #: the stores that write a state's gradient (the kernel declares those arrays)

@@ -19,6 +19,7 @@ class Target:
     column_split: bool = False  # CUDA: small levels may be shared among blocks by columns (ColumnSplit)
     defer_outer_products: bool = False  # weight gradients (AccumOuter) as one GEMM per term after the recursion
     defer_min_width: int = 0  # ... those with m * k / (m + k) >= this (smaller ones: summed per tile, in cache)
+    fold_lookups: bool = False  # C: GEMMs of table rows may read a folded table in an inference (passes.fold)
 
 
 #: C: weight gradients deferred when m * k / (m + k) >= 96 (e.g. 450 x 300: 180; 256 x 64: 51). Below it the
@@ -38,6 +39,7 @@ C = Target(
     private_accumulators=True,
     defer_outer_products=True,
     defer_min_width=DEFER_MIN_WIDTH_C,
+    fold_lookups=True,
 )
 
 #: nvcc; a tile of a level is one thread block, its threads share the rows x columns of every step.

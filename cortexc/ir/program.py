@@ -87,6 +87,7 @@ class Gemm:
     rows: RowKind
     k: int
     m: int
+    fold: str = ""  # `Fold.name` when the operand is a table row: an inference may read the folded table instead
 
 
 @dataclass(frozen=True)
@@ -349,6 +350,20 @@ class DeferredOuter:
 
 
 @dataclass(frozen=True)
+class Fold:
+    """A GEMM of a table row folded into a table (`cortexc.passes.fold`): ``E[idx] @ concat(weights)^T``
+    depends on the row only, so with the params fixed the product is row ``idx`` of `E @ W^T` (`rows` x `m`),
+    computed once by the package's own `cx_fold` with packed weight `packed`, over every row of `table`."""
+
+    name: str  # by which `Gemm.fold` names it; its index in `Program.folds` is its slot in `cx_call.folded`
+    packed: str  # the packed weight of the GEMMs it replaces
+    table: str  # the param looked up (E); each GEMM reads the row its own index input chooses
+    rows: int  # V: rows of the table
+    m: int  # columns of the folded table (the GEMM's m)
+    k: int  # columns of E
+
+
+@dataclass(frozen=True)
 class Program:
     cell: Cell
     kernels: tuple[Kernel, ...]  # in launch order: pre?, leaf, node, outputs...; then the gradient kernels
@@ -357,6 +372,7 @@ class Program:
     forward: tuple[Phase, ...] = ()  # the launch order of a forward: pre?, leaves, levels up, outputs
     backward: tuple[Phase, ...] = ()  # of a backward: output gradients, levels down, leaves, pre?
     deferred: tuple[DeferredOuter, ...] | None = None  # set by `passes.deferred` (targets that defer them)
+    folds: tuple[Fold, ...] = ()  # set by `passes.fold` (targets that fold look-ups: C)
 
     def kernel(self, name: str) -> Kernel:
         return next(k for k in self.kernels if k.name == name)

@@ -5,7 +5,8 @@ one place per body value; every step reads values of its kernel and writes
 tile buffers that exist and are wide enough; a GEMM names a packed weight
 of the program whose size and params agree with it; accumulated param
 gradients have their accumulator; stores write declared states, outputs,
-params or inputs with the value's width; a column split covers every step.
+params or inputs with the value's width; a column split covers every step; a
+folded GEMM (`passes.fold`) is a forward product of its fold's table rows with its packed weight.
 A failure is a compiler bug, raised as `ProgramVerifyError` naming the stage.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from cortexc.ir.ops import Op
 from cortexc.ir.program import (
     AccumOuter,
     AccumSum,
@@ -78,6 +80,31 @@ def _verify(program: Program) -> None:
             and (step.param, step.m, step.k, step.rows) == (term.param, term.m, term.k, term.rows),
             f"deferred term {term.kernel}[{term.step}] is not its AccumOuter",
         )
+    folds = {f.name: f for f in program.folds}
+    _expect(len(folds) == len(program.folds), "fold names repeat")
+    for fold in program.folds:
+        _expect(fold.packed in packed, f"fold {fold.name} uses unknown packed weight {fold.packed!r}")
+        _expect(fold.table in params, f"fold {fold.name} folds unknown table {fold.table!r}")
+        if fold.packed in packed and fold.table in params:
+            weight = packed[fold.packed]
+            _expect(
+                (weight.m, weight.k) == (fold.m, fold.k) and params[fold.table].shape == (fold.rows, fold.k),
+                f"fold {fold.name} disagrees with {weight.name} or {fold.table}",
+            )
+    for kernel in program.kernels:
+        for step in kernel.steps:
+            if isinstance(step, Gemm) and step.fold:
+                named = folds.get(step.fold)
+                _expect(named is not None, f"kernel {kernel.name}: a GEMM names unknown fold {step.fold!r}")
+                _expect(not kernel.role.is_gradient, f"kernel {kernel.name}: a gradient kernel reads fold {step.fold}")
+                operand = kernel.body.values[step.operand]
+                _expect(
+                    named is not None
+                    and named.packed == step.packed
+                    and operand.op == Op.EMBED
+                    and kernel.body.values[operand.args[0]].name == named.table,
+                    f"kernel {kernel.name}: GEMM of fold {step.fold} is not a product of its table's rows",
+                )
     for kernel in program.kernels:
         try:
             _verify_kernel(program, kernel, packed, accumulated)

@@ -60,6 +60,7 @@ CALL_FIELDS: tuple[Field, ...] = (
     Field("outputs", "float *const *"),
     Field("dropout_seed", "uint64_t", "the masks' Philox key (seed mod 2^32, seed div 2^32)"),
     Field("dropout_train", "int64_t", "1: training mode (dropout masks); 0: dropout(e, p) is e"),
+    Field("folded", "const float *const *", 'NULL, or per fold (JSON "folds") its table or NULL (run the GEMM)'),
 )
 
 #: `cx_grad`: the gradient arrays of a backward call

@@ -115,6 +115,26 @@ class _Machine:
 
 MACHINE = _Machine()
 
+#: folding (`cortexc.passes.fold`: an inference reads folded look-up projections, not GEMMs): "0" turns it
+#: off, "eager" builds the tables on the first inference after the params change; by default they are built
+#: once the inferences since then have run as many rows as the tables have (building a table costs the GEMM
+#: of all its rows: so the work spent unfolded is at most what the build costs, and a loop that runs one
+#: inference per optimizer step never pays for a table it would use once)
+FOLD_VARIABLE = "CORTEXC_FOLD"
+#: the most memory the folded tables of one model may take, in MiB (a table that would pass it is not built)
+FOLD_LIMIT_VARIABLE = "CORTEXC_FOLD_MAX_MB"
+FOLD_LIMIT_MB = 256
+
+
+def fold_limit_bytes() -> int:
+    """`CORTEXC_FOLD_MAX_MB` (a non-negative number of MiB; 0 builds none) in bytes, else the default."""
+    text = os.environ.get(FOLD_LIMIT_VARIABLE, "").strip()
+    try:
+        mib = float(text) if text else FOLD_LIMIT_MB
+    except ValueError:
+        mib = FOLD_LIMIT_MB
+    return int(max(mib, 0.0) * 2**20)
+
 
 def _pointers(arrays: Sequence[np.ndarray | None]) -> Any:
     """A C array of pointers (NULL for None); the caller keeps the arrays alive."""
@@ -259,6 +279,13 @@ class CpuExecutor:
         self._weight_tables: tuple[Any, ...] = (None, None, None, None)
         self._scratch = _Scratch()
         self._recycled = _Recycled()
+        # folded tables (`cortexc.passes.fold`): built by `cx_fold` from one `_weights` value on the first
+        # inference that uses it, and paired with that value (compared by identity, held, so never reused)
+        self.folding = True  # the model's switch (`CellModel(fold=False)`); CORTEXC_FOLD=0 overrides it
+        self._folded: tuple[object, list[np.ndarray | None] | None, int] | None = None  # weights, tables, rows
+        self._fold_lock = threading.Lock()
+        self.fold_builds = 0  # how many times tables were built (and the time they took): for tests, benchmarks
+        self.fold_build_seconds = 0.0
 
     def _declare_entry_points(self) -> None:
         self.lib.cx_forward.argtypes = [ctypes.POINTER(CxCall)]
@@ -272,6 +299,9 @@ class CpuExecutor:
         if hasattr(self.lib, "cx_call_threads"):
             self.lib.cx_call_threads.argtypes = [ctypes.POINTER(CxCall), ctypes.c_int]
             self.lib.cx_call_threads.restype = ctypes.c_int
+        if hasattr(self.lib, "cx_fold"):
+            self.lib.cx_fold.argtypes = [_P, _P, ctypes.c_int64, _P]
+            self.lib.cx_fold.restype = ctypes.c_int
 
     def _set_threads(self) -> int:
         """Cap the library's threads: `CORTEXC_NUM_THREADS` and the CPUs other processes leave free (the
@@ -317,11 +347,59 @@ class CpuExecutor:
         old tables only misses the fast path, it never reads the old tables for the new weights)."""
         self._weight_tables = (params, packed, _pointers(params), _pointers(packed))
         self._weights = (params, packed)
+        self._folded = None  # of the old weights (kept from being served by the identity check anyway)
 
     def repack(self, params: Mapping[str, np.ndarray]) -> None:
         """Pack the GEMM weights again from these params (for callers that pass params per call, which
         `run_forward`/`run_backward` then read with these packed weights)."""
         self._keep_weights(self._weights[0], packed_weights(self.lib, self.spec, params))
+
+    def folded_tables(
+        self, weights: tuple[list[np.ndarray], list[np.ndarray]], rows: int = 0
+    ) -> list[np.ndarray | None] | None:
+        """The folded tables of these weights (a `_weights` value) for an inference of `rows` nodes, built
+        when it pays (see `FOLD_VARIABLE`); None when the cell has no fold, folding is off (`folding`,
+        `CORTEXC_FOLD=0`), not yet built or the memory cap leaves none. A table is None where the cap
+        (`CORTEXC_FOLD_MAX_MB`, over all tables of the model) leaves it out."""
+        folds = self.spec.get("folds") or []
+        mode = os.environ.get(FOLD_VARIABLE, "").strip()
+        if not folds or not self.folding or mode == "0" or not weights[1]:
+            return None
+        with self._fold_lock:  # two inferences from two threads build once
+            cached = self._folded
+            if cached is None or cached[0] is not weights:
+                cached = (weights, None, 0)
+            _, tables, seen = cached
+            if tables is None:
+                if mode != "eager" and seen + rows < sum(f["rows"] for f in folds):
+                    self._folded = (weights, None, seen + rows)  # this one runs the GEMMs
+                    return None
+                tables = self._build_folds(weights)
+            self._folded = (weights, tables, seen + rows)
+        return tables if any(t is not None for t in tables) else None
+
+    def _build_folds(self, weights: tuple[list[np.ndarray], list[np.ndarray]]) -> list[np.ndarray | None]:
+        """Every fold's table `E @ W^T` by the library's `cx_fold` (the kernels' GEMM, bitwise theirs)."""
+        params, packed = weights
+        limit, total = fold_limit_bytes(), 0
+        start = time.perf_counter()
+        param_table, packed_table = _pointers(params), _pointers(packed)
+        tables: list[np.ndarray | None] = []
+        for index, fold in enumerate(self.spec["folds"]):
+            size = fold["rows"] * fold["m"] * 4
+            if total + size > limit:
+                tables.append(None)
+                continue
+            table = np.empty((fold["rows"], fold["m"]), np.float32)
+            self._set_threads()
+            if self.lib.cx_fold(ctypes.cast(param_table, _P), ctypes.cast(packed_table, _P), index, table.ctypes.data):
+                raise CortexcError(f"the library has no fold {index} ({fold['name']}): compile the package again")
+            table.flags.writeable = False
+            tables.append(table)
+            total += size
+        self.fold_builds += 1
+        self.fold_build_seconds = time.perf_counter() - start
+        return tables
 
     def _call(
         self,
@@ -333,6 +411,7 @@ class CpuExecutor:
         hoisted: Sequence[np.ndarray],
         outputs: Sequence[np.ndarray],
         dropout: Dropout = EVAL,
+        folded: Sequence[np.ndarray | None] | None = None,
     ) -> tuple[ctypes.Structure, list[Any]]:
         """The `cx_call` struct over these arrays, and what must outlive it (the pointer tables, the weights).
         The forest's addresses are read once per linearization (`Linearized.addresses`), the weights' tables
@@ -365,8 +444,12 @@ class CpuExecutor:
             dropout_seed=dropout.seed,
             dropout_train=int(dropout.train),
         )
-        tables = (params_table, packed_table, inputs_table, states_table, hoisted_table, outputs_table)
-        return call, [*tables, params, packed, lin]
+        tables = [params_table, packed_table, inputs_table, states_table, hoisted_table, outputs_table]
+        if folded is not None:  # else NULL: every GEMM runs
+            folded_table = _pointers(folded)
+            call.folded = address(folded_table)
+            tables.append(folded_table)
+        return call, [*tables, params, packed, lin, folded]
 
     def run_forward(
         self,
@@ -378,12 +461,14 @@ class CpuExecutor:
         outputs: Sequence[np.ndarray],
         packed: Sequence[np.ndarray] | None = None,
         dropout: Dropout = EVAL,
+        folded: Sequence[np.ndarray | None] | None = None,
     ) -> None:
         """The forward into arrays the caller allocated (the ABI's orders and shapes: states with
         N + 1 rows, the last zero), with `packed` weights or those of the last `set_params`/`repack`.
-        What `forward` does after allocating; `cortexc.torch` calls it with views of torch tensors."""
+        What `forward` does after allocating; `cortexc.torch` calls it with views of torch tensors.
+        `folded`: tables of `folded_tables` made from these same params and packed weights (or None)."""
         packed = self._weights[1] if packed is None else packed
-        call, _tables = self._call(lin, params, packed, inputs, states, hoisted, outputs, dropout)
+        call, _tables = self._call(lin, params, packed, inputs, states, hoisted, outputs, dropout, folded)
         if lin.num_nodes:
             self._launch_forward(call, lin)
 
@@ -460,8 +545,10 @@ class CpuExecutor:
                 np.copyto(copy, array)
                 copies.append(copy)
             input_arrays = copies
-        params, packed = self._weights  # one value: a concurrent load_params neither mixes nor frees them
-        self.run_forward(lin, params, input_arrays, states, hoisted, outputs, packed, dropout)
+        weights = self._weights  # one value: a concurrent load_params neither mixes nor frees them
+        params, packed = weights
+        folded = None if kept is not None else self.folded_tables(weights, n)  # a kept forward never folds
+        self.run_forward(lin, params, input_arrays, states, hoisted, outputs, packed, dropout, folded)
         result = {name: state[:n].copy() if keep else state[:n] for name, state in zip(abi["states"], states)}
         result.update(zip(abi["outputs"], outputs))
         if kept is None:

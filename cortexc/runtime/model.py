@@ -105,7 +105,7 @@ class CellModel:
     signature: ClassVar[CellSignature]  # what forests, inputs and params are validated against
     cell: ClassVar[Cell] = _CompiledCell()  # type: ignore[assignment]  # the IR, compiled on first use
 
-    def __init__(self, device: str = "cpu", seed: int | None = 0):
+    def __init__(self, device: str = "cpu", seed: int | None = 0, fold: bool = True):
         target = backend(device).target
         if target is not None and target not in type(self)._kernel_sources:
             raise CortexcError(
@@ -115,6 +115,7 @@ class CellModel:
         self.device = device
         self._params = _frozen(init_params(self.signature, seed))
         self._executor: Executor | None = None
+        self._fold = bool(fold)
         # the dropout seeds of training-mode calls without one: the model's own stream (apart from the params')
         self._dropout_rng = np.random.default_rng(None if seed is None else (int(seed), 0x64726F70))
 
@@ -134,6 +135,20 @@ class CellModel:
     def save_params(self, path: str | os.PathLike[str]) -> None:
         """Write every param to an `.npz` file, or a `.safetensors` one (what `cortexc export` reads)."""
         write_params_file(path, self._params)
+
+    @property
+    def fold(self) -> bool:
+        """Whether an inference (a call without ``grad``) may read folded look-up projections instead of
+        their GEMMs (`cortexc.passes.fold`; device "cpu"): tables of ``E @ W^T`` built on the first such call
+        after the params change, bitwise the GEMMs' results. Off: ``fold=False`` here or ``CORTEXC_FOLD=0``;
+        their memory is capped by ``CORTEXC_FOLD_MAX_MB`` (default 256)."""
+        return self._fold
+
+    @fold.setter
+    def fold(self, value: bool) -> None:
+        self._fold = bool(value)
+        if self._executor is not None and hasattr(self._executor, "folding"):
+            setattr(self._executor, "folding", self._fold)  # noqa: B010 - not in the Executor protocol
 
     # --- running ----------------------------------------------------------------
     def __call__(
@@ -227,6 +242,8 @@ class CellModel:
         if self._executor is None:
             executor = type(self).make_executor(self.device)
             executor.set_params(self._params)
+            if hasattr(executor, "folding"):  # the executors that fold (cpu)
+                setattr(executor, "folding", self._fold)  # noqa: B010
             self._executor = executor
         return self._executor
 
