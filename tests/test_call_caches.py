@@ -209,9 +209,10 @@ def test_state_arrays_from_nan_filled_memory_give_the_reference_results(key, mod
     inputs = random_inputs(model.signature, forest, rng)
     expected = reference(forest, grad=True, **inputs)
     inference = model(forest, **inputs)
-    assert len(filled) == len(model.signature.states)  # the inference took its states from there
+    assert len(filled) >= len(model.signature.states)  # the inference took its states (and scratch) from there
+    taken = len(filled)
     out = model(forest, grad=True, **inputs)
-    assert len(filled) > len(model.signature.states)  # and so did the kept arrays of this one (`_Recycled`)
+    assert len(filled) > taken  # and so did the kept arrays of this one (`_Recycled`)
     for result in (inference, out):
         for name, value in expected.items():
             assert np.isfinite(result[name]).all(), name

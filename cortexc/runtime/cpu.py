@@ -178,25 +178,41 @@ class Saved:
 
 class _Scratch(threading.local):
     """Per-thread float32 buffers for arrays the C code needs only during one call (the hoisted rows of an
-    inference, the hoisted rows' gradients of a backward). Why: a chain of 10k nodes needs ~10 MB of them per
-    call, and fresh memory costs a page fault per 4 KiB (measured ~15% of a chain LSTM's training step);
-    reused memory is already mapped. A thread keeps at most the largest size it has used, per slot."""
+    inference; a backward's state gradients, hoisted rows' gradients and deferred factor rows; the zeroed
+    tables of sparse embedding gradients). Why: a chain of 10k nodes needs ~10 MB of them per call, and fresh
+    memory costs a page fault per 4 KiB (measured ~15% of a chain LSTM's training step); reused memory is
+    already mapped. A thread keeps at most the largest size it has used, per slot. New memory comes from
+    `_empty` (not zeroed: a test swaps in NaN-filled memory), so `zero` says whether the caller needs zeros."""
 
     def __init__(self) -> None:
         self.slots: dict[tuple[str, int], np.ndarray] = {}
+        self.tables: dict[str, np.ndarray] = {}
 
-    def arrays(self, slot: str, shapes: Sequence[tuple[int, int]], zero: bool) -> list[np.ndarray]:
+    def arrays(self, slot: str, shapes: Sequence[tuple[int, ...]], zero: bool) -> list[np.ndarray]:
         out = []
-        for index, (rows, width) in enumerate(shapes):
-            size = rows * width
+        for index, shape in enumerate(shapes):
+            size = math.prod(shape)
             flat = self.slots.get((slot, index))
             if flat is None or flat.size < size:
-                flat = np.zeros(max(size, 1), np.float32)
+                flat = _empty(max(size, 1), np.float32)
                 self.slots[(slot, index)] = flat
-            elif zero:
-                flat[:size] = 0.0
-            out.append(flat[:size].reshape(rows, width))
+            view = flat[:size].reshape(shape)
+            if zero:
+                view[...] = 0.0
+            out.append(view)
         return out
+
+    def zeroed_table(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """A table that is all zeros whenever it is not lent out: the borrower zeroes again the rows it let
+        the C code write, or `drop`s the table when it cannot tell which (a failed call)."""
+        table = self.tables.get(name)
+        if table is None or table.shape != shape:
+            table = np.zeros(shape, np.float32)
+            self.tables[name] = table
+        return table
+
+    def drop(self, name: str) -> None:
+        self.tables.pop(name, None)
 
 
 class _Recycled:
@@ -262,8 +278,26 @@ class _Kept:
         finalizer.atexit = False  # nothing to give back at exit
 
 
+def hoisted_gradients_set(spec: Mapping[str, Any]) -> tuple[bool, ...]:
+    """Per hoisted array (the ABI's order): whether the backward SETs every row of its gradient before
+    anything reads it, i.e. the node gradient kernel (`grad_node`, run on every internal node) stores it
+    with mode "set" (`_GRADIENT_STORES` in the scheduler). A hoisted value with no gradient in that kernel
+    (used only through non-differentiable ops) is stored by nobody, so its gradient rows must start at zero."""
+    stored = {
+        step.get("name")
+        for kernel in spec.get("schedule", [])
+        if kernel.get("kernel") == "grad_node" and kernel.get("rows") == "level"
+        for step in kernel.get("steps", [])
+        if step.get("step") == "store" and step.get("target") == "d_hoisted" and step.get("mode") == "set"
+    }
+    return tuple(name in stored for name in spec["abi"].get("hoisted", []))
+
+
 class CpuExecutor:
     """Runs one compiled cell. `spec` is the cell's entry of the generated JSON."""
+
+    #: `backward` takes `sparse_rows` (the model then asks for embedding gradients as rows only)
+    sparse_backward = True
 
     def __init__(self, spec: Mapping[str, Any], library_path: Path):
         self.spec = spec
@@ -279,6 +313,7 @@ class CpuExecutor:
         self._weight_tables: tuple[Any, ...] = (None, None, None, None)
         self._scratch = _Scratch()
         self._recycled = _Recycled()
+        self._hoisted_set = hoisted_gradients_set(spec)
         # folded tables (`cortexc.passes.fold`): built by `cx_fold` from one `_weights` value on the first
         # inference that uses it, and paired with that value (compared by identity, held, so never reused)
         self.folding = True  # the model's switch (`CellModel(fold=False)`); CORTEXC_FOLD=0 overrides it
@@ -558,32 +593,65 @@ class CpuExecutor:
         return result, saved
 
     def backward(
-        self, saved: Saved, upstream: Mapping[str, np.ndarray], param_shapes: Mapping[str, tuple[int, ...]]
+        self,
+        saved: Saved,
+        upstream: Mapping[str, np.ndarray],
+        param_shapes: Mapping[str, tuple[int, ...]],
+        sparse_rows: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
-        """Gradients of every param and float input from upstream gradients of states and outputs."""
+        """Gradients of every param and float input from upstream gradients of states and outputs.
+
+        The gradients returned are fresh arrays the caller owns; the work arrays are this thread's scratch
+        (`_Scratch`: no fresh pages per step). `sparse_rows` maps a param used only as an embedding table
+        to the rows the forest looks up (unique): its gradient is then only those rows, `[len(rows), ...]`,
+        computed in a table kept zeroed between calls (so no step zeroes or allocates the whole table)."""
         abi = self.spec["abi"]
         lin = saved.lin
         n = lin.num_nodes
-        d_params = [np.zeros(param_shapes[name], np.float32) for name in abi["params"]]
+        sparse_rows = sparse_rows or {}
+        # the params' gradients are summed into (zeros needed); the ones returned are the caller's own
+        d_params = [
+            self._scratch.zeroed_table(name, tuple(param_shapes[name]))
+            if name in sparse_rows
+            else np.zeros(param_shapes[name], np.float32)
+            for name in abi["params"]
+        ]
         input_specs = {i["name"]: i for i in self.spec["inputs"]}
-        d_inputs = [
-            None if input_specs[name]["dtype"] == "int32" else np.zeros_like(array)
+        d_inputs = [  # added into (StoreMode.ADD) and returned: zeros of the caller's own
+            None if input_specs[name]["dtype"] == "int32" else np.zeros(array.shape, np.float32)
             for name, array in zip(abi["inputs"], saved.inputs)
         ]
-        d_states = []
-        for name, state in zip(abi["states"], saved.states):
-            d_state = np.zeros_like(state)
+        # the states' gradients are added into, row N included (an absent child's): each starts at its
+        # upstream or zero; scratch, not returned
+        d_states = self._scratch.arrays("d_states", [state.shape for state in saved.states], zero=False)
+        for name, d_state in zip(abi["states"], d_states):
             if name in upstream:
                 d_state[:n] = upstream[name]
-            d_states.append(d_state)
-        d_hoisted = self._scratch.arrays("d_hoisted", [h.shape for h in saved.hoisted], zero=True)
+                d_state[n:] = 0.0
+            else:
+                d_state[...] = 0.0
+        # the hoisted rows' gradients: not zeroed where the node gradient kernel SETs them (every internal
+        # row, before the hoisted projections' backward reads them); zeroed where it stores none
+        d_hoisted = [
+            self._scratch.arrays(f"d_hoisted{index}", [h.shape], zero=not is_set)[0]
+            for index, (h, is_set) in enumerate(zip(saved.hoisted, self._hoisted_set))
+        ]
         upstream_outputs = [
             None if name not in upstream else np.ascontiguousarray(upstream[name], np.float32)
             for name in abi["outputs"]
         ]
         grads = (d_params, d_inputs, d_states, d_hoisted, upstream_outputs)
         params, packed = self._weights
-        self.run_backward(lin, params, saved.inputs, saved.states, saved.hoisted, grads, packed, saved.dropout)
+        try:
+            self.run_backward(lin, params, saved.inputs, saved.states, saved.hoisted, grads, packed, saved.dropout)
+        except BaseException:
+            for name in sparse_rows:  # written somewhere: not known to be zero any more
+                self._scratch.drop(name)
+            raise
         result = dict(zip(abi["params"], d_params))
+        for name, rows in sparse_rows.items():
+            table = result[name]
+            result[name] = table[rows]  # a copy of the rows (the caller's own)
+            table[rows] = 0.0  # the only rows the look-ups wrote: the table is all zeros again
         result.update((name, d) for name, d in zip(abi["inputs"], d_inputs) if d is not None)
         return result

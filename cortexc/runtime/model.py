@@ -227,14 +227,24 @@ class CellModel:
                 raise InputError(f"the gradient of {name} must have shape {out[name].shape}, got {array.shape}")
             checked[name] = np.ascontiguousarray(array, dtype=np.float32)
         shapes = {p.name: p.shape for p in self.signature.params}
-        grads: dict[str, np.ndarray | SparseRows] = dict(self._executor_for_device().backward(kept, checked, shapes))
+        executor = self._executor_for_device()
+        looked_up = {}
         if sparse:
             for embedding in self.signature.embeddings:
                 rows = np.unique(inputs[embedding.index][lookup_nodes(forest, embedding.rows)])
-                dense = grads[embedding.param]
-                if not isinstance(dense, np.ndarray):  # pragma: no cover - every executor returns arrays
-                    raise CortexcError(f"the gradient of {embedding.param} is not an array")
-                grads[embedding.param] = SparseRows(rows.astype(np.int64), dense[rows], dense.shape)
+                looked_up[embedding.param] = rows.astype(np.int64)
+        if looked_up and getattr(executor, "sparse_backward", False):  # only the rows computed (cpu)
+            values = executor.backward(kept, checked, shapes, sparse_rows=looked_up)  # type: ignore[call-arg]
+            grads: dict[str, np.ndarray | SparseRows] = dict(values)
+            for name, rows in looked_up.items():
+                grads[name] = SparseRows(rows, values[name], tuple(shapes[name]))
+            return grads
+        grads = dict(executor.backward(kept, checked, shapes))
+        for name, rows in looked_up.items():
+            dense = grads[name]
+            if not isinstance(dense, np.ndarray):  # pragma: no cover - every executor returns arrays
+                raise CortexcError(f"the gradient of {name} is not an array")
+            grads[name] = SparseRows(rows, dense[rows], dense.shape)
         return grads
 
     def _executor_for_device(self) -> Executor:
