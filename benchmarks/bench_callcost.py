@@ -8,8 +8,12 @@ run weighs on both alike. A worker wraps its executor's library so that the ctyp
 also run with those calls skipped, which times the Python side alone.
 
 Cases: examples/lstm.cell on chains (T x B: 1000x1, 1000x10, 100x100) and examples/binary_treelstm.cell
-(V=18282) on 1 and 10 trees of SST dev, each as an inference ``model(forest, x=...)`` and as a training step
-``model.backward(model(forest, grad=True, ...), upstream)``. Single-threaded (``OMP_NUM_THREADS=1``).
+(V=18282) on 1, 10 and 25 trees of SST dev, each as an inference ``model(forest, x=...)`` ("fwd"), as a
+forward + backward ``model.backward(model(forest, grad=True, ...), upstream)`` ("train") and as a whole
+training step with `cortexc.train.Adagrad` ("step": forward, the loss's gradient — softmax cross-entropy
+on SST, a fixed upstream on chains —, backward, ``model.load_params(opt.step(model.params, grads))``); SST
+also as that step with the embedding's gradient sparse ("sparse": ``backward(..., sparse=True)``, the
+optimizer updating the looked-up rows). Single-threaded (``OMP_NUM_THREADS=1``).
 
 Usage (from the repository root)::
 
@@ -30,10 +34,15 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
-CASES = ("lstm 1000x1", "lstm 1000x10", "lstm 100x100", "sst 1", "sst 10")
-MODES = ("fwd", "train")
-#: each mode also run with the compiled calls skipped ("-py"): the Python side of a call alone
-RUNS = (*MODES, *(f"{mode}-py" for mode in MODES))
+CASES = ("lstm 1000x1", "lstm 1000x10", "lstm 100x100", "sst 1", "sst 10", "sst 25")
+MODES = ("fwd", "train", "step", "sparse")
+#: fwd and train also run with the compiled calls skipped ("-py"): the Python side of a call alone
+RUNS = (*MODES, "fwd-py", "train-py")
+
+
+def case_runs(name: str) -> tuple[str, ...]:
+    """The runs of a case: "sparse" only where there is an embedding table (SST)."""
+    return tuple(run for run in RUNS if run != "sparse" or name.startswith("sst"))
 
 
 # --------------------------------------------------------------------------- worker (one checkout's runtime)
@@ -70,6 +79,7 @@ def _worker(data_dir: Path, out_dir: Path) -> None:
 
     import cortexc
     from cortexc import Forest
+    from cortexc.train import Adagrad, softmax_cross_entropy
 
     rng = np.random.default_rng(0)
     lstm = cortexc.load(EXAMPLES / "lstm.cell", out_dir / "lstm")
@@ -83,7 +93,7 @@ def _worker(data_dir: Path, out_dir: Path) -> None:
         x = rng.standard_normal((T * B, 32)).astype(np.float32)
         gh = rng.standard_normal((T * B, 64)).astype(np.float32)
         cases[f"lstm {T}x{B}"] = (lstm.LSTM(seed=0), forest, {"x": x}, {"h": gh})
-    for trees in (1, 10):
+    for trees in (1, 10, 25):
         forest = Forest.from_ptb(lines[:trees])
         words = rng.integers(0, 18282, forest.num_nodes).astype(np.int64)
         up = rng.standard_normal((forest.num_nodes, 5)).astype(np.float32)
@@ -91,6 +101,19 @@ def _worker(data_dir: Path, out_dir: Path) -> None:
     for model, *_ in cases.values():
         executor = model._executor_for_device()
         executor.lib = _TimedLibrary(executor.lib, clock, skip)
+
+    optimizers = {(name, sparse): Adagrad(lr=0.01) for name in cases for sparse in (False, True)}
+
+    def step(name: str, sparse: bool) -> None:
+        model, forest, inputs, upstream = cases[name]
+        out = model(forest, grad=True, **inputs)
+        if "logits" in upstream:
+            _, d_logits = softmax_cross_entropy(out["logits"], forest.labels)
+            upstream = {"logits": d_logits}
+        grads = model.backward(out, upstream, sparse=sparse)
+        del out
+        grads = {key: grads[key] for key in model.params}  # the params' (not the inputs')
+        model.load_params(optimizers[(name, sparse)].step(model.params, grads))
 
     def run(name: str, mode: str, calls: int) -> tuple[float, float]:
         model, forest, inputs, upstream = cases[name]
@@ -101,12 +124,14 @@ def _worker(data_dir: Path, out_dir: Path) -> None:
         for _ in range(calls):
             if mode == "fwd":
                 model(forest, **inputs)
-            else:
+            elif mode == "train":
                 model.backward(model(forest, grad=True, **inputs), upstream)
+            else:
+                step(name, mode == "sparse")
         return (time.perf_counter() - start) / calls, clock[0] / calls
 
     for name in cases:  # warm-up: libraries loaded, scratch mapped
-        for mode in RUNS:
+        for mode in case_runs(name):
             run(name, mode, 3)
     print(json.dumps({"ready": cortexc.__file__}), flush=True)
     for line in sys.stdin:
@@ -151,12 +176,12 @@ def main() -> None:
         assert worker.stdout is not None
         used = json.loads(worker.stdout.readline())["ready"]
         print(f"{tag}: {used}")
-    calls = {"lstm 1000x1": 20, "lstm 1000x10": 5, "lstm 100x100": 5, "sst 1": 100, "sst 10": 30}
+    calls = {"lstm 1000x1": 20, "lstm 1000x10": 5, "lstm 100x100": 5, "sst 1": 100, "sst 10": 30, "sst 25": 10}
     samples: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
     for round_ in range(args.rounds):
         order = list(workers) if round_ % 2 == 0 else list(workers)[::-1]
         for name in CASES:
-            for mode in RUNS:
+            for mode in case_runs(name):
                 for tag in order:
                     result = _ask(workers[tag], [name, mode, calls[name]])
                     samples.setdefault((name, mode, tag), []).append(tuple(result))
@@ -177,17 +202,20 @@ def main() -> None:
     print(header)
 
     def stat(values: list[float], scale: float) -> str:
+        if any(value != value for value in values):  # no "-py" run of this mode
+            return "-"
         return f"{min(values) * scale:.0f}/{statistics.median(values) * scale:.0f}"
 
     for name in CASES:
-        for mode in MODES:
+        for mode in (m for m in MODES if m in case_runs(name)):
             row: dict[str, Any] = {"case": name, "mode": mode}
             for tag in workers:
                 whole = samples[(name, mode, tag)]
+                python = samples.get((name, f"{mode}-py", tag), [(float("nan"), 0.0)])
                 row[tag] = {
                     "total_s": [t for t, _ in whole],
                     "over_s": [t - c for t, c in whole],
-                    "python_s": [t for t, _ in samples[(name, f"{mode}-py", tag)]],
+                    "python_s": [t for t, _ in python],
                 }
             rows.append(row)
             b, a = row["before"], row["after"]
