@@ -318,8 +318,8 @@ def cell_forward(
         runner.executor.run_forward_at(lin, runner.packed, arrays, _dropout(train, dropout_seed), stream)
         return results
     param_views, packed, folded = [_view(p) for p in params], None, None
-    if fold and runner.fold_positions:
-        (param_views, packed), folded = runner.folded(params, lin.num_nodes)
+    if fold and runner.fold_positions:  # tables of these params, and the packed weights they were made with
+        (_, packed), folded = runner.folded(params, lin.num_nodes)
     runner.executor.run_forward(
         lin,
         param_views,

@@ -187,6 +187,8 @@ def test_tables_follow_every_kind_of_param_change(binary, rng):
     with torch.no_grad():
         module.b_iou.add_(1.0)  # neither the table nor a packed weight: the table stays
     _same_as_unfolded(module, forest, word)
+    module.b_iou = torch.nn.Parameter(noise(module.b_iou))  # replaced: read from the new tensor
+    _same_as_unfolded(module, forest, word)
     assert _builds(module) == builds
     with torch.no_grad():
         module.W_s.mul_(2.0)  # a packed weight no fold reads: packed again, and (so) the table built again
