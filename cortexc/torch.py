@@ -14,7 +14,10 @@ Zero copy: contiguous float32 CPU tensors go into the `cx_call` pointer tables
 as they are (NumPy views of the detached tensors share their memory), torch
 allocates every result, and the states come back as views of the kernels'
 arrays. The GEMM weights are packed again only when a packed param's version
-counter or storage changed (an optimizer step), once per step.
+counter or storage changed (an optimizer step), once per step. A CPU forward
+after which no backward can follow (`CellModule.forward` says so with the op's
+``fold`` flag) may read folded look-up projections (`cortexc.passes.fold`),
+built from the current params by the library's `cx_fold` (`_Runner.folded`).
 
 On a GPU (``module.to("cuda")``) the same ops run the CUDA target on torch's CUDA tensors: torch
 allocates every result, the params and inputs are read where they are, and only the forest and the
@@ -573,6 +576,9 @@ class CellModule(nn.Module):
     `train()` / `eval()` switch the cell's `dropout` calls on and off (a module starts in training mode):
     in training mode each call draws its dropout seed from torch's default generator (so
     `torch.manual_seed` reproduces a run) and the backward replays the same masks.
+    With ``fold=True`` (the default; the ``fold`` attribute too) a CPU inference — grad disabled, or no
+    param or float input requiring grad — reads folded look-up projections (bitwise the same results),
+    built again after any param change torch's version counters record; `params_changed` for others.
     """
 
     def __init__(self, cls: type[CellModel], seed: int | None = 0, sparse: bool = False, fold: bool = True):
