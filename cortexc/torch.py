@@ -752,6 +752,7 @@ class CellModule(nn.Module):
             with torch.no_grad():
                 for table in tables:
                     dist.broadcast(table, src=dist.get_global_rank(group, 0), group=group)
+            self.params_changed()  # the broadcast writes in place without moving the version counters
             self._sparse_group = group
         return group if _ddp_syncs_this_backward() else None
 

@@ -277,3 +277,25 @@ def test_sst_dev_trees_fold_bitwise_through_the_module(rng):
     batch = ForestBatch.from_forest(forest)
     _assert_same_bits(_infer(folded, batch, word), _infer(plain, batch, word))
     assert _builds(folded) == 1
+
+
+def test_the_sparse_tables_broadcast_rebuilds_the_table(binary, rng, monkeypatch):
+    """`dist.broadcast` (rank 0's sparse tables, on the first forward with grad under several ranks) writes
+    in place without moving the version counter (seen on 2 gloo ranks): the module says the params changed.
+    Stood in for here by a broadcast that writes through `.data`, in a pretend group of 2 ranks."""
+    import torch.distributed as dist
+
+    import cortexc.torch as cortexc_torch
+
+    module, _ = _pair(binary, rng, sparse=True)
+    forest, word = _case(rng)
+    _same_as_unfolded(module, forest, word)
+    rank0 = torch.from_numpy(rng.standard_normal(module.E.shape).astype(np.float32))
+    monkeypatch.setattr(cortexc_torch, "_distributed", lambda: True)
+    monkeypatch.setattr(dist, "new_group", lambda *a, **k: "group")
+    monkeypatch.setattr(dist, "get_global_rank", lambda group, rank: 0)
+    monkeypatch.setattr(dist, "broadcast", lambda table, src, group: table.data.copy_(rank0))
+    module.train()(forest, word=word)  # grad enabled: the broadcast
+    assert torch.equal(module.E.detach(), rank0)
+    _same_as_unfolded(module.eval(), forest, word)
+    assert _builds(module) == 2
