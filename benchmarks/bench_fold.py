@@ -1,5 +1,6 @@
 """Folded look-up projections (`cortexc.passes.fold`) on SST: the compiled binary Tree-LSTM with and without
-folding, and PyTorch level-batched, *interleaved* call by call on the same batches.
+folding, through the NumPy API and through `cortexc.torch.CellModule` (eval, `torch.no_grad`, a `ForestBatch`
+made once per batch), and PyTorch level-batched, *interleaved* call by call on the same batches.
 
 Why interleaved: on a shared machine the load changes within seconds, and `bench_treelstm.py` times one
 implementation after the other, so a 10% difference drowns in it. Here every round calls the three
@@ -34,11 +35,14 @@ from benchmarks.peers import TorchLevelBatched, TreeDims, forward_flops  # noqa:
 from cortexc.runtime.forest import Forest  # noqa: E402
 from cortexc.runtime.params import init_params  # noqa: E402
 
-IMPLS = ("torch_level_batched", "compiled_unfolded", "compiled")
+IMPLS = ("torch_level_batched", "compiled_unfolded", "compiled", "module_unfolded", "module")
+#: folded vs unfolded pairs the report prints the ratio of
+PAIRS = (("compiled", "compiled_unfolded"), ("module", "module_unfolded"))
 
 
 def bench(args: argparse.Namespace, hidden: int, lines: list[str], vocab: Any) -> dict[str, Any]:
     import cortexc
+    from cortexc.torch import CellModule, ForestBatch
 
     module = cortexc.load(str(args.cell), H=hidden, V=len(vocab))
     cls = module.BinaryTreeLSTM
@@ -46,6 +50,7 @@ def bench(args: argparse.Namespace, hidden: int, lines: list[str], vocab: Any) -
     params = init_params(cls.signature, seed=0)
     folded.load_params(params)
     unfolded.load_params(params)
+    cell_folded, cell_unfolded = CellModule(cls, seed=0).eval(), CellModule(cls, seed=0, fold=False).eval()
     dims = TreeDims.of(params)
     level = TorchLevelBatched(params)
     result: dict[str, Any] = {"hidden": hidden, "V": len(vocab), "batches": []}
@@ -57,23 +62,31 @@ def bench(args: argparse.Namespace, hidden: int, lines: list[str], vocab: Any) -
             forest = Forest.from_ptb(group)
             ids = vocab.encode(forest)
             plan = level.prepare(forest, ids)
+            batch, word = ForestBatch.from_forest(forest), torch.as_tensor(ids)
             calls: dict[str, Callable[[], Any]] = {
                 "torch_level_batched": lambda plan=plan: level.run(plan),
                 "compiled_unfolded": lambda f=forest, i=ids: unfolded(f, word=i),
                 "compiled": lambda f=forest, i=ids: folded(f, word=i),
+                "module_unfolded": lambda b=batch, w=word: _infer(cell_unfolded, b, w),
+                "module": lambda b=batch, w=word: _infer(cell_folded, b, w),
             }
             out_f, out_u = calls["compiled"](), calls["compiled_unfolded"]()
-            same = all(out_f[k].tobytes() == out_u[k].tobytes() for k in out_u)
+            mod_f, mod_u = calls["module"](), calls["module_unfolded"]()
+            same = all(out_f[k].tobytes() == out_u[k].tobytes() == mod_f[k].numpy().tobytes() for k in out_u)
+            same = same and all(mod_f[k].numpy().tobytes() == mod_u[k].numpy().tobytes() for k in mod_u)
             work.append((group, forest, calls, same))
         if not all(same for *_, same in work):
             raise SystemExit(f"batch {spec}: folded and unfolded results differ (they must be bitwise equal)")
-        for _ in range(3):  # warm-up rounds
+        for warm in range(30):  # warm-up rounds, until the default policy has built both tables
             for _, _, calls, _ in work:
                 for call in calls.values():
                     call()
+            built = folded._executor._folded, cell_folded.runner.executor._folded
+            if warm >= 2 and all(b is not None and b[1] is not None for b in built):
+                break
         times: dict[str, list[list[float]]] = {name: [[] for _ in work] for name in IMPLS}
         for r in range(args.repeats):
-            order = IMPLS[r % 3 :] + IMPLS[: r % 3]
+            order = IMPLS[r % len(IMPLS) :] + IMPLS[: r % len(IMPLS)]
             for k, (_, _, calls, _) in enumerate(work):
                 for name in order:
                     start = time.perf_counter()
@@ -100,7 +113,13 @@ def bench(args: argparse.Namespace, hidden: int, lines: list[str], vocab: Any) -
             }
         result["batches"].append(entry)
     result["fold"] = fold_report(folded, 5)
+    result["module_fold_builds"] = cell_folded.runner.executor.fold_builds
     return result
+
+
+def _infer(module: Any, batch: Any, word: Any) -> Any:
+    with torch.no_grad():
+        return module(batch, word=word)
 
 
 def report(results: list[dict[str, Any]]) -> str:
@@ -125,14 +144,15 @@ def report(results: list[dict[str, Any]]) -> str:
                     f"{stats['trees_per_s_min'] / torch_stats['trees_per_s_min']:>14.3f} "
                     f"{stats['trees_per_s_median'] / torch_stats['trees_per_s_median']:>17.3f}"
                 )
-            unfolded, folded = entry["impls"]["compiled_unfolded"], entry["impls"]["compiled"]
-            by_min = folded["trees_per_s_min"] / unfolded["trees_per_s_min"]
-            by_median = folded["trees_per_s_median"] / unfolded["trees_per_s_median"]
             share = 100 * entry["folded_flops_fraction"]
-            out.append(
-                f"{entry['batch']:>6} folded/unfolded: {by_min:.3f} (min), {by_median:.3f} (median); folded "
-                f"{share:.1f}% of the forward's FLOPs; bitwise equal: {entry['bitwise_equal']}"
-            )
+            for folded_name, unfolded_name in PAIRS:
+                unfolded, folded = entry["impls"][unfolded_name], entry["impls"][folded_name]
+                by_min = folded["trees_per_s_min"] / unfolded["trees_per_s_min"]
+                by_median = folded["trees_per_s_median"] / unfolded["trees_per_s_median"]
+                out.append(
+                    f"{entry['batch']:>6} {folded_name}/{unfolded_name}: {by_min:.3f} (min), {by_median:.3f} "
+                    f"(median); folded {share:.1f}% of the forward's FLOPs; bitwise equal: {entry['bitwise_equal']}"
+                )
     return "\n".join(out)
 
 

@@ -14,7 +14,10 @@ Zero copy: contiguous float32 CPU tensors go into the `cx_call` pointer tables
 as they are (NumPy views of the detached tensors share their memory), torch
 allocates every result, and the states come back as views of the kernels'
 arrays. The GEMM weights are packed again only when a packed param's version
-counter or storage changed (an optimizer step), once per step.
+counter or storage changed (an optimizer step), once per step. A CPU forward
+after which no backward can follow (`CellModule.forward` says so with the op's
+``fold`` flag) may read folded look-up projections (`cortexc.passes.fold`),
+built from the current params by the library's `cx_fold` (`_Runner.folded`).
 
 On a GPU (``module.to("cuda")``) the same ops run the CUDA target on torch's CUDA tensors: torch
 allocates every result, the params and inputs are read where they are, and only the forest and the
@@ -154,6 +157,16 @@ class _Runner:
             {self.params.index(p) for weight in self.spec["packed"] for p in weight["params"]}
         )
         self._packed_key: tuple[tuple[int, int], ...] | None = None
+        # folded look-up projections (`cortexc.passes.fold`, the C target's): the params each fold reads (its
+        # table and its packed weight's params), and the weights value the executor's tables are paired with
+        folds = self.spec.get("folds") or []
+        packed_params = {weight["name"]: weight["params"] for weight in self.spec["packed"]}
+        self.fold_positions = sorted(
+            {self.params.index(f["table"]) for f in folds}
+            | {self.params.index(p) for f in folds for p in packed_params[f["packed"]]}
+        )
+        self._fold_key: tuple[tuple[int, int], ...] | None = None
+        self._fold_weights: tuple[list[np.ndarray], list[np.ndarray]] | None = None
         self.dropout_sites = int(self.spec.get("dropout_sites", 0))  # 0: training mode changes nothing
         self.repacks = 0  # how often the weights were packed (tests: only when a param changed)
 
@@ -170,6 +183,31 @@ class _Runner:
                 self.executor.repack(arrays)
             self._packed_key = key
             self.repacks += 1
+
+    def folded(
+        self, params: Sequence[Tensor], rows: int
+    ) -> tuple[tuple[list[np.ndarray], list[np.ndarray]], list[np.ndarray | None] | None]:
+        """The weights an inference of `rows` nodes runs with (views of `params`, the packed weights of the
+        last `prepare`) and the folded tables built from them (`CpuExecutor.folded_tables`: once the
+        inferences since a change have run as many nodes as the tables have rows), or None. A change of
+        any param a fold reads (its version counter or its storage, as for the packed weights) or a repack
+        makes a new weights value, so the executor drops the old tables and counts again."""
+        assert isinstance(self.executor, CpuExecutor)
+        packed = self.executor._weights[1]
+        key = tuple((params[i]._version, params[i].data_ptr()) for i in self.fold_positions)
+        weights = self._fold_weights
+        if weights is None or key != self._fold_key or weights[1] is not packed:
+            weights = ([_view(p) for p in params], packed)
+            self._fold_weights, self._fold_key = weights, key
+        return weights, self.executor.folded_tables(weights, rows)
+
+    def forget_params(self) -> None:
+        """Drop what was derived from the params (packed weights' key, folded tables): the next call
+        packs and counts again (`CellModule.params_changed`, `.to()`)."""
+        self._packed_key = None
+        self._fold_key = self._fold_weights = None
+        if isinstance(self.executor, CpuExecutor):
+            self.executor._folded = None  # the tables' memory too (the next inference starts counting anyway)
 
     def stream(self) -> int:
         """The cudaStream_t a call goes on: torch's current stream on the runner's GPU (so the kernels run
@@ -256,9 +294,12 @@ def cell_forward(
     internal: Tensor,
     train: bool,
     dropout_seed: Tensor,
+    fold: bool = False,
 ) -> list[Tensor]:
     """Every state ([N + 1] rows, the last zero), every hoisted row set, then every output (ABI order);
-    with ``train``, the dropout masks of the int64 ``dropout_seed`` (mod 2^64)."""
+    with ``train``, the dropout masks of the int64 ``dropout_seed`` (mod 2^64). ``fold``: the caller knows
+    no backward follows (`CellModule.forward`), so a CPU runner may build and read folded look-up
+    projections (bitwise the same results; the flag only keeps training forwards from paying for tables)."""
     runner = _runner(handle)
     stream = runner.stream()
     runner.prepare(params, stream)
@@ -279,14 +320,19 @@ def cell_forward(
         assert runner.packed is not None  # prepare uploaded them
         runner.executor.run_forward_at(lin, runner.packed, arrays, _dropout(train, dropout_seed), stream)
         return results
+    param_views, packed, folded = [_view(p) for p in params], None, None
+    if fold and runner.fold_positions:  # tables of these params, and the packed weights they were made with
+        (_, packed), folded = runner.folded(params, lin.num_nodes)
     runner.executor.run_forward(
         lin,
-        [_view(p) for p in params],
+        param_views,
         [i.numpy() for i in inputs],
         [s.numpy() for s in states],
         [h.numpy() for h in hoisted],
         [o.numpy() for o in outputs],
+        packed=packed,
         dropout=_dropout(train, dropout_seed),
+        folded=folded,
     )
     return results
 
@@ -323,7 +369,18 @@ def _split(runner: _Runner, results: Sequence[Tensor]) -> tuple[list[Tensor], li
 
 @cell_forward.register_fake
 def _cell_forward_fake(
-    handle, params, inputs, level_order, level_ptr, edge_ptr, edge_child, roots, internal, train, dropout_seed
+    handle,
+    params,
+    inputs,
+    level_order,
+    level_ptr,
+    edge_ptr,
+    edge_child,
+    roots,
+    internal,
+    train,
+    dropout_seed,
+    fold=False,
 ):
     return _forward_shapes(_runner(handle), params, level_order, roots, internal, fake=True)
 
@@ -464,7 +521,7 @@ def _cell_backward_fake(handle, params, inputs, level_order, *rest):
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     handle, params, cell_inputs, *rest = inputs
-    forest, (train, dropout_seed) = rest[:6], rest[6:]
+    forest, (train, dropout_seed) = rest[:6], rest[6:8]  # then `fold` (no gradient, nothing to keep)
     runner = _runner(handle)
     ctx.train = train
     ctx.set_materialize_grads(False)  # a result the loss does not use has no upstream (and costs nothing)
@@ -482,17 +539,20 @@ def _backward(ctx: Any, grads: Sequence[Tensor | None]) -> tuple[Any, ...]:
     forest, dropout_seed, saved = saved[:6], saved[6], saved[7:]
     states, hoisted = saved[:num_states], saved[num_states:]
     runner = _runner(ctx.handle)
+    # None for the forest, train, dropout_seed and fold when given (the dispatcher drops an argument equal to
+    # its default, so the op was applied to 11 or 12 arguments: as many flags as autograd says)
+    rest = (None,) * (len(ctx.needs_input_grad) - 3)
     grads = list(grads)
     d_states, d_outputs = grads[:num_states], grads[num_states + num_hoisted :]
     if all(g is None for g in grads):
-        return (None, [None] * num_params, [None] * num_inputs) + (None,) * 8
+        return (None, [None] * num_params, [None] * num_inputs) + rest
     result = cell_backward(
         ctx.handle, params, cell_inputs, *forest, states, hoisted, d_states, d_outputs, ctx.train, dropout_seed
     )
     d_inputs: list[Tensor | None] = [None] * num_inputs
     for position, d in zip(runner.float_inputs, result[num_params:]):
         d_inputs[position] = d
-    return (None, list(result[:num_params]), d_inputs) + (None,) * 8
+    return (None, list(result[:num_params]), d_inputs) + rest
 
 
 torch.library.register_autograd("cortexc::cell_forward", _backward, setup_context=_setup_context)
@@ -516,14 +576,18 @@ class CellModule(nn.Module):
     `train()` / `eval()` switch the cell's `dropout` calls on and off (a module starts in training mode):
     in training mode each call draws its dropout seed from torch's default generator (so
     `torch.manual_seed` reproduces a run) and the backward replays the same masks.
+    With ``fold=True`` (the default; the ``fold`` attribute too) a CPU inference — grad disabled, or no
+    param or float input requiring grad — reads folded look-up projections (bitwise the same results),
+    built again after any param change torch's version counters record; `params_changed` for others.
     """
 
-    def __init__(self, cls: type[CellModel], seed: int | None = 0, sparse: bool = False):
+    def __init__(self, cls: type[CellModel], seed: int | None = 0, sparse: bool = False, fold: bool = True):
         super().__init__()
         if not (isinstance(cls, type) and issubclass(cls, CellModel)):
             raise CortexcError(f"CellModule wraps a cell class of a generated package, got {cls!r}")
         self._cell_ref = (str(cls._package), cls.signature.name)
         self.sparse = bool(sparse)
+        self.fold = bool(fold)
         from cortexc.runtime.params import init_params
 
         values = init_params(cls.signature, seed)
@@ -591,8 +655,30 @@ class CellModule(nn.Module):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("fold", True)  # a module pickled before the switch existed
         super().__setstate__(state)
         self._attach(cell_class(*self._cell_ref))
+
+    def params_changed(self) -> None:
+        """Say that the params changed in a way torch's version counters do not record (a write through
+        ``p.data``, or through memory shared outside torch): the packed weights and folded tables are made
+        again from them on the next call. Every other change (optimizer steps, ``load_state_dict``,
+        ``with torch.no_grad(): p.copy_(...)``, ``.to()``, replacing a param) is seen without it."""
+        for runner in self._all_runners():
+            runner.forget_params()
+
+    def _all_runners(self) -> list[_Runner]:
+        handles = [self._handle, *self._device_handles.values()]
+        return [_RUNNERS[h] for h in handles if h in _RUNNERS]
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        """`nn.Module._apply` (`.to()`, `.float()`, ...), then drop the state derived from the old params:
+        the new ones have new storage, which the keys see anyway; this frees the old tables at once."""
+        result = super()._apply(fn, recurse)
+        if hasattr(self, "_handle"):
+            for runner in self._all_runners():
+                runner.forget_params()
+        return result
 
     # --- running -----------------------------------------------------------------------------------
     def forward(self, batch: ForestBatch | Forest, **inputs: Tensor) -> dict[str, Tensor]:
@@ -618,7 +704,11 @@ class CellModule(nn.Module):
                 "ignores and nothing averages over the ranks: with more than one rank, use sparse=False under "
                 "torch.compile(fullgraph=True) (without fullgraph, this forward runs eagerly)"
             )
-        if self.sparse and eager:
+        float_inputs = [converted[d.name] for d in self.signature.inputs if not d.is_index]
+        # no backward can follow this call (autograd records the op only with grad enabled and some tensor
+        # argument requiring grad): then it may read folded look-up projections, and needs no sparse tables
+        inference = not (torch.is_grad_enabled() and any(t.requires_grad for t in [*params, *float_inputs]))
+        if self.sparse and eager and not inference:
             group = self._sparse_sync_group()
             for embedding in self.signature.embeddings:
                 position = runner.params.index(embedding.param)
@@ -632,7 +722,8 @@ class CellModule(nn.Module):
         else:
             dropout_seed = torch.zeros((), dtype=torch.int64)
         cell_inputs = [converted[name] for name in runner.inputs]
-        results = cell_forward(handle, params, cell_inputs, *batch.tensors(), train, dropout_seed)
+        fold = self.fold and inference and device.type == "cpu"
+        results = cell_forward(handle, params, cell_inputs, *batch.tensors(), train, dropout_seed, fold)
         n = batch.level_order.shape[0]
         out = {name: state[:n] for name, state in zip(runner.states, results)}
         outputs = results[len(runner.states) + len(runner.spec["hoisted_widths"]) :]
@@ -661,6 +752,7 @@ class CellModule(nn.Module):
             with torch.no_grad():
                 for table in tables:
                     dist.broadcast(table, src=dist.get_global_rank(group, 0), group=group)
+            self.params_changed()  # the broadcast writes in place without moving the version counters
             self._sparse_group = group
         return group if _ddp_syncs_this_backward() else None
 
@@ -712,7 +804,7 @@ class CellModule(nn.Module):
                     raise InputError(f"input {name} must be float32, got dtype {value.dtype}")
 
     def extra_repr(self) -> str:
-        return f"{self.signature.name}, sparse={self.sparse}"
+        return f"{self.signature.name}, sparse={self.sparse}, fold={self.fold}"
 
 
 def _ddp_syncs_this_backward() -> bool:

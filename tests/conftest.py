@@ -117,6 +117,9 @@ SLOW = {
     "test_torch.py::test_the_train_sst_torch_example_trains_on_two_ddp_ranks",  # two processes importing torch
     "test_torch.py::test_the_cuda_host_path_reads_and_writes_torch_s_tensors_in_place",  # the emulated CUDA build
     "test_torch.py::test_import_cortexc_and_the_numpy_api_never_import_torch",  # a subprocess
+    "test_torch_fold.py::test_sst_dev_trees_fold_bitwise_through_the_module",  # the SST dev set at V=21701, H=150
+    "test_torch_fold.py::test_opcheck_and_compile_with_fold",  # opcheck's runs and a compile
+    "test_torch_fold.py::test_folded_inference_is_bitwise_the_unfolded_one",  # the package's build (first test)
     # the v2 audit: the emulated CUDA builds of its cells
     "test_language_v2_audit.py::test_the_train_sst_example_trains_the_dropout_cell_in_training_mode",  # SST, a build
     "test_language_v2_audit.py::test_child_softmax_of_large_finite_scores_is_finite_and_sums_to_one[cuda-emu]",
