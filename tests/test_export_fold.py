@@ -226,3 +226,10 @@ def test_export_api_has_a_fold_switch(tmp_path):
     assert "cx_fold_all" not in (directory / "BinaryTreeLSTM.c").read_text(encoding="utf-8")
     folded = export(EXAMPLES / "binary_treelstm.cell", tmp_path / "on", BINARY_DIMS)
     assert "cx_fold_all(m, error, error_size)" in (folded / "BinaryTreeLSTM.c").read_text(encoding="utf-8")
+
+
+def test_make_test_passes_for_a_folding_cell(binary):
+    """`make test` (expected outputs within 1e-5, threads, caller-owned arrays, sanitizers) on a folding library."""
+    assert binary.folded_bytes() > 0
+    result = subprocess.run(["make", "-s", "-C", str(binary.dir), "test"], capture_output=True, text=True)
+    assert result.returncode == 0 and "all passed" in result.stdout, result.stdout + result.stderr
