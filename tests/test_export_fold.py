@@ -159,6 +159,7 @@ def test_no_fold_export_runs_every_gemm_bitwise_the_same(tmp_path, binary, rng):
     plain = Exported(tmp_path, EXAMPLES / "binary_treelstm.cell", BINARY_DIMS, fold=False)
     assert plain.folded_bytes() == 0
     header = (plain.dir / f"{plain.name}.h").read_text(encoding="utf-8")
+    assert "#define BINARYTREELSTM_ERROR_NO_MEMORY (-2)" in header
     assert "exported with --no-fold" in header and "#define BINARYTREELSTM_NUM_FOLDS 0" in header
     assert "#define BINARYTREELSTM_NUM_FOLDS 1" in (binary.dir / f"{binary.name}.h").read_text(encoding="utf-8")
     forest, inputs = _forest(plain, rng, binary=True)
@@ -212,6 +213,7 @@ def test_a_failed_table_allocation_fails_the_load_and_leaves_nothing(child_sum, 
         assert result.returncode == 1, result.stdout + result.stderr  # 2: the failed load left a model
         assert result.stdout.startswith(f"out of memory building the folded table {fold} "), result.stdout
         assert "CORTEXC_FOLD=0" in result.stdout and "Sanitizer" not in result.stderr, result.stderr
+        assert result.stdout.rstrip().endswith("(-2)")  # WORDCHILDSUM_ERROR_NO_MEMORY
     result = subprocess.run([str(probe), "fail", str(child_sum.params), "2"], capture_output=True, text=True, env=env)
     assert result.returncode == 0 and result.stdout.strip() == f"loaded folded_bytes {sum(_fold_bytes(child_sum))}"
     assert "Sanitizer" not in result.stderr, result.stderr

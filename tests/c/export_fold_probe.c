@@ -4,7 +4,7 @@
  *   probe poison PARAMS INPUTS   load, fill every built table with NaN, run a forward on INPUTS: prints
  *                                "tables T nodes N nan_nodes K" (K > 0 only if the forward read a table)
  *   probe fail PARAMS I          load with the I-th table allocation failing: prints the load's message
- *                                (exit 1), or "loaded folded_bytes B" when the load did not fail
+ *                                and its return code (exit 1), or "loaded folded_bytes B" when it did not fail
  * Build: cc -DCELL=<Cell> -DCELL_C='"<Cell>.c"' -DCELL_IO='"<Cell>_io.h"' -I<export dir> ... -fopenmp -lm
  */
 #include <math.h>
@@ -32,8 +32,9 @@ int main(int argc, char **argv)
     API(_model) *model = NULL;
     if (argc == 4 && strcmp(argv[1], "fail") == 0) {
         probe_fail_at = atoi(argv[3]);
-        if (API(_load)(argv[2], &model, error, sizeof error)) {
-            printf("%s\n", error);
+        const int rc = API(_load)(argv[2], &model, error, sizeof error);
+        if (rc) {
+            printf("%s (%d)\n", error, rc);
             return model == NULL ? 1 : 2; /* 2: a failed load left a model */
         }
         printf("loaded folded_bytes %lld\n", (long long)API(_folded_bytes)(model));
