@@ -8,20 +8,26 @@ Both run the same kernels with the same params (`Cell(seed=0)`'s, from the expor
 - ``python``: `BinaryTreeLSTM(device="cpu")(forest, word=ids)` timed in this process (validation,
   linearisation in NumPy, the ctypes call, the result dict), the forest built beforehand.
 
+Each runs folded (the leaves' ``W_iou @ E[word]`` read from the table `passes.fold` builds: the exported
+library builds it at load, the Python API at its first inference with ``CORTEXC_FOLD=eager``) and unfolded
+(``CORTEXC_FOLD=0`` for the exported library, ``fold=False`` for Python): four variants.
+
 Per batch size, `--batches-per-size` consecutive batches of SST dev are timed: `--rounds` alternating
-rounds of `--repeats` calls of each, the best round's mean per call kept (robust to other load on the
-machine), both with the same OMP_NUM_THREADS (`--threads`, default 1). Printed per size: the mean
-time per call of each, python/exported, and the Python overhead per call (python - exported).
+rounds of `--repeats` calls of every variant, each round's mean per call kept; per batch the min and the
+median over rounds (the min is robust to other load on the machine), then averaged over the batches; all
+with the same OMP_NUM_THREADS (`--threads`, default 1). Printed per size: min and median per call of each
+variant, exported unfolded/folded, python/exported (folded) and the Python overhead per call (folded).
 
 Usage (from the repository root)::
 
-    python benchmarks/bench_export.py [--repeats 200] [--threads 1]
+    python benchmarks/bench_export.py [--repeats 200] [--threads 1] [--json results.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import statistics
 import subprocess
@@ -46,7 +52,8 @@ def main() -> int:
     parser.add_argument("--batches-per-size", type=int, default=5)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 10])
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per batch (the best is kept)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per batch (min and median kept)")
+    parser.add_argument("--json", help="also write the numbers here")
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")
@@ -67,14 +74,25 @@ def main() -> int:
         directory = export(CELL, root / "dist")
         subprocess.run(["make", "-s", "-C", str(directory), "BinaryTreeLSTM_check"], check=True)
         module = cortexc.load(CELL, root / "py")
-        model = module.BinaryTreeLSTM(device="cpu")
-        model.load_params(directory / "params.safetensors")
+        models = {fold: module.BinaryTreeLSTM(device="cpu", fold=fold) for fold in (True, False)}
+        for model in models.values():
+            model.load_params(directory / "params.safetensors")
         vocab = Vocab.build([Forest.from_ptb(lines)])
-        limit = model.signature.inputs[0].index_range
-        print(f"BinaryTreeLSTM (H=150, X=300) on SST dev, OMP_NUM_THREADS={args.threads}, {args.repeats} calls each")
-        print(f"{'batch':>6} {'exported ms':>12} {'python ms':>10} {'python/exported':>16} {'overhead us':>12}")
+        limit = models[True].signature.inputs[0].index_range
+        print(
+            f"BinaryTreeLSTM (H=150, X=300) on SST dev, OMP_NUM_THREADS={args.threads}, "
+            f"{args.repeats} calls per round, "
+            f"{args.rounds} rounds; ms per call as min/median over rounds, mean over {args.batches_per_size} batches"
+        )
+        variants = ("exported folded", "exported unfolded", "python folded", "python unfolded")
+        print(
+            f"{'batch':>6} "
+            + " ".join(f"{v:>19}" for v in variants)
+            + f" {'exp unf/fold':>13} {'py/exp':>7} {'overhead us':>12}"
+        )
+        report = {"threads": args.threads, "repeats": args.repeats, "rounds": args.rounds, "sizes": {}}
         for size in args.sizes:
-            c_times, py_times = [], []
+            per_batch: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
             for batch in range(args.batches_per_size):
                 chunk = list(itertools.islice(lines, batch * size, (batch + 1) * size))
                 forest = Forest.from_ptb(chunk)
@@ -83,19 +101,30 @@ def main() -> int:
                 safetensors.save(inputs, {"parents": forest.parents.astype(np.int32), "word": ids})
                 command = [str(directory / "BinaryTreeLSTM_check"), "time", str(directory / "params.safetensors")]
                 command += [str(inputs), str(args.repeats)]
-                model(forest, word=ids)  # warm-up (builds or loads the library)
-                best_c, best_py = float("inf"), float("inf")
-                for _ in range(args.rounds):  # alternating, the best round of each: robust to other load
-                    timed = subprocess.run(command, capture_output=True, text=True, check=True)
-                    best_c = min(best_c, float(timed.stdout.split()[-1]))
-                    started = time.perf_counter()
-                    for _ in range(args.repeats):
-                        model(forest, word=ids)
-                    best_py = min(best_py, (time.perf_counter() - started) / args.repeats)
-                c_times.append(best_c)
-                py_times.append(best_py)
-            c, py = statistics.mean(c_times), statistics.mean(py_times)
-            print(f"{size:>6} {c * 1e3:>12.3f} {py * 1e3:>10.3f} {py / c:>16.2f} {(py - c) * 1e6:>12.1f}")
+                os.environ["CORTEXC_FOLD"] = "eager"  # the Python API's table built at its first inference
+                for model in models.values():
+                    model(forest, word=ids)  # warm-up (builds or loads the library, the table)
+                rounds: dict[str, list[float]] = {v: [] for v in variants}
+                for _ in range(args.rounds):  # alternating: the same load on every variant
+                    for variant, fold in (("exported folded", "1"), ("exported unfolded", "0")):
+                        env = {**os.environ, "CORTEXC_FOLD": fold}
+                        timed = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
+                        rounds[variant].append(float(timed.stdout.split()[-1]))
+                    for variant, fold in (("python folded", True), ("python unfolded", False)):
+                        model = models[fold]
+                        started = time.perf_counter()
+                        for _ in range(args.repeats):
+                            model(forest, word=ids)
+                        rounds[variant].append((time.perf_counter() - started) / args.repeats)
+                for variant, times in rounds.items():
+                    per_batch[variant].append((min(times), statistics.median(times)))
+            stats = {v: tuple(statistics.mean(t[i] for t in per_batch[v]) for i in (0, 1)) for v in variants}
+            ef, eu, pf = stats["exported folded"], stats["exported unfolded"], stats["python folded"]
+            cells = " ".join(f"{a * 1e3:>9.3f}/{b * 1e3:<9.3f}" for a, b in stats.values())
+            print(f"{size:>6} {cells} {eu[0] / ef[0]:>13.2f} {pf[0] / ef[0]:>7.2f} {(pf[0] - ef[0]) * 1e6:>12.1f}")
+            report["sizes"][str(size)] = {v: {"min_s": a, "median_s": b} for v, (a, b) in stats.items()}
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=1), encoding="utf-8")
     return 0
 
 

@@ -110,7 +110,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from cortexc.codegen.export import export
 
-    directory = export(args.file, args.out, parse_defines(args.define), args.params)
+    directory = export(args.file, args.out, parse_defines(args.define), args.params, fold=not args.no_fold)
     files = ", ".join(sorted(p.name for p in directory.iterdir() if p.is_file()))
     print(f"wrote {directory}/ ({files}); build with: make -C {directory}")
     return 0
@@ -348,6 +348,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--params",
         metavar="FILE",
         help="trained params (.npz or .safetensors; <Cell>.<name> in a file of several cells); default Cell(seed=0)'s",
+    )
+    exp.add_argument(
+        "--no-fold",
+        action="store_true",
+        help="never fold look-up projections into tables at load (by default a load builds them: see <Cell>.h)",
     )
     exp.set_defaults(func=cmd_export)
 

@@ -76,6 +76,7 @@ SLOW = {
     "test_export.py::test_run_matches_python_on_child_sum_trees_and_mvrnn",
     "test_export.py::test_run_matches_python_on_sst_trees",
     "test_export.py::test_run_matches_python_on_the_attentive_treelstm",
+    "test_export_fold.py",  # an export and C builds (some with ASan) per test
     "test_export.py::test_run_on_an_empty_forest",
     "test_export.py::test_bad_forests_and_inputs_give_the_python_message",
     "test_export.py::test_dag_cell_accepts_shared_children_and_refuses_cycles",

@@ -52,8 +52,9 @@ def _shape_text(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]" if shape else ""
 
 
-def cell_context(cell: Cell, program: Program) -> dict[str, Any]:
-    """What the export templates read about one cell (names, shapes and the kernel ABI's orders)."""
+def cell_context(cell: Cell, program: Program, fold: bool = True) -> dict[str, Any]:
+    """What the export templates read about one cell (names, shapes and the kernel ABI's orders); `fold`:
+    whether its library builds the program's folded tables at load (`passes.fold`; `--no-fold` leaves none)."""
     param_index = {p.name: i for i, p in enumerate(cell.params)}
     shapes = {p.name: tuple(p.shape) for p in cell.params}
     packed = []
@@ -115,6 +116,18 @@ def cell_context(cell: Cell, program: Program) -> dict[str, Any]:
         "results": [{**s, "kind": "state", "at_root": False} for s in states]
         + [{**o, "kind": "output"} for o in outputs],
         "packed": packed,
+        "folds": [
+            {
+                "name": f.name,
+                "table": f.table,
+                "weights": ", ".join(next(w.params for w in program.packed if w.name == f.packed)),
+                "rows": f.rows,
+                "m": f.m,
+                "bytes": 4 * f.rows * f.m,
+            }
+            for f in (program.folds if fold else ())
+        ],
+        "folds_compiled": len(program.folds),
         "hoisted_widths": [width(cell.pre.values[i]) for _, i in cell.pre.named_results] if cell.pre else [],
     }
 
@@ -128,8 +141,10 @@ def export(
     out_dir: str | os.PathLike[str],
     defines: Mapping[str, int] | None = None,
     params_file: str | os.PathLike[str] | None = None,
+    fold: bool = True,
 ) -> Path:
-    """Write `out_dir/<stem>/` for the cells of `cell_file`; returns its path."""
+    """Write `out_dir/<stem>/` for the cells of `cell_file`; returns its path. `fold=False` (`--no-fold`):
+    the libraries never build folded tables (the kernels keep their GEMMs, `cx_call.folded` stays NULL)."""
     from cortexc.pipeline import Source, run_stages
 
     source = Path(cell_file).read_text(encoding="utf-8")
@@ -147,7 +162,7 @@ def export(
     for item in rendered:
         cell = item.cell
         program = next(v.program for v in item.programs if v.target == "c")
-        context = {"c": cell_context(cell, program), "source_file": str(cell_file)}
+        context = {"c": cell_context(cell, program, fold), "source_file": str(cell_file)}
         kernels = dict(item.sources)["c"]
         text_files[f"{cell.name}.h"] = env.get_template("export_header.h.j2").render(**context)
         text_files[f"{cell.name}.c"] = env.get_template("export_cell.c.j2").render(**context, kernels=kernels)
