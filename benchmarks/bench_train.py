@@ -240,7 +240,7 @@ class CellModuleTrainer:
 
     def _loss(self, batch: Batch) -> torch.Tensor:
         out = self.net(batch.forest, word=torch.from_numpy(batch.ids))
-        return torch.nn.functional.cross_entropy(out["logits"], torch.from_numpy(batch.labels).long())
+        return torch.nn.functional.cross_entropy(out["logits"], torch.tensor(batch.labels, dtype=torch.long))
 
     def warm_up(self, batch: Batch) -> None:
         self._loss(batch).backward()
