@@ -109,3 +109,67 @@ def nvcc_compile(path: Path) -> subprocess.CompletedProcess:
         str(path),
     ]
     return subprocess.run(command, capture_output=True, text=True)
+
+
+#: examples at small dims for runtime tests: a chain cell, a tree cell with an index input and an output, a
+#: child-sum tree cell, a DAG cell (key -> file, dims)
+SMALL_EXAMPLES = {
+    "lstm": ("lstm.cell", {}),
+    "binary_treelstm": ("binary_treelstm.cell", dict(V=64, X=16, H=12)),
+    "treelstm": ("treelstm.cell", dict(X=16, H=12)),
+    "dagrnn": ("dagrnn.cell", {}),
+}
+
+
+def load_small_examples(root: Path) -> dict:
+    """Every `SMALL_EXAMPLES` cell compiled into `root` and imported, by key."""
+    import cortexc
+
+    return {key: cortexc.load(EXAMPLES / file, root / key, **dims) for key, (file, dims) in SMALL_EXAMPLES.items()}
+
+
+def first_model(module, device: str = "cpu", seed: int = 1):
+    """The model of a package's first cell."""
+    return getattr(module, module.__all__[0])(device=device, seed=seed)
+
+
+def chains(*lengths: int):
+    """A forest of chains of these lengths (node ids in time order within each)."""
+    from cortexc import Forest
+
+    return Forest.concat([Forest.from_parents(np.r_[np.arange(1, n), -1]) for n in lengths])
+
+
+def small_example_forest(key: str, rng: np.random.Generator, size: int):
+    """A random forest that fits the `SMALL_EXAMPLES` cell `key`."""
+    from cortexc import Forest
+
+    if key == "lstm":
+        return chains(*(int(n) for n in rng.integers(1, size, 5)))
+    if key == "dagrnn":
+        return Forest.random_dag(size * 3, rng=rng)
+    if key == "binary_treelstm":  # nodes with one child above the leaves: child[1] reads the zero row N
+        return Forest.concat([Forest.from_parents([1, 3, 3, -1]), Forest.random(6, rng=rng, max_children=2)])
+    return Forest.random(6, rng=rng, max_nodes=size)
+
+
+def word_child_sum(V: int, X: int, H: int) -> str:
+    """A child-sum Tree-LSTM with a word at every node: the internal nodes' projections are hoisted (a
+    stacked W_iou, W_f GEMM of E[word] in the pre kernel), the leaves' is W_iou's alone: two folds."""
+    return f"""
+cell WordChildSum on tree {{
+    dim V = {V}, X = {X}, H = {H}
+    input word : index[V]
+    param E[V, X] init normal(0, 0.5)
+    param W_iou[3*H, X], U_iou[3*H, H], b_iou[3*H]
+    param W_f[H, X], U_f[H, H], b_f[H]
+    state h[H], c[H]
+    node {{
+        x = E[word]
+        iou = W_iou @ x + U_iou @ sum(child.h) + b_iou
+        f = sigmoid(W_f @ x + U_f @ child.h + b_f)
+        c = sigmoid(iou[0:H]) * tanh(iou[2*H:3*H]) + sum(f * child.c)
+        h = sigmoid(iou[H:2*H]) * tanh(c)
+    }}
+}}
+"""

@@ -17,34 +17,25 @@ import cortexc
 import cortexc.runtime.cpu as cpu
 from cortexc import Forest
 from cortexc.runtime.model import SparseRows
-from tests.helpers import EXAMPLES, random_inputs, relative_error, sst_path
-
-CELLS = {
-    "lstm": ("lstm.cell", {}),
-    "binary_treelstm": ("binary_treelstm.cell", dict(V=64, X=16, H=12)),
-    "treelstm": ("treelstm.cell", dict(X=16, H=12)),
-    "dagrnn": ("dagrnn.cell", {}),
-}
+from tests.helpers import (
+    EXAMPLES,
+    SMALL_EXAMPLES,
+    load_small_examples,
+    random_inputs,
+    relative_error,
+    small_example_forest,
+    sst_path,
+)
+from tests.helpers import first_model as _model
 
 
 @pytest.fixture(scope="module")
 def modules(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bwdscratch")
-    return {key: cortexc.load(EXAMPLES / file, root / key, **dims) for key, (file, dims) in CELLS.items()}
-
-
-def _model(module, device: str = "cpu", seed: int = 1):
-    return getattr(module, module.__all__[0])(device=device, seed=seed)
+    return load_small_examples(tmp_path_factory.mktemp("bwdscratch"))
 
 
 def _forest(key: str, rng: np.random.Generator, size: int = 16) -> Forest:
-    if key == "lstm":
-        return Forest.concat([Forest.from_parents(np.r_[np.arange(1, n), -1]) for n in rng.integers(1, size, 5)])
-    if key == "dagrnn":
-        return Forest.random_dag(size * 3, rng=rng)
-    if key == "binary_treelstm":  # nodes with one child: child[1] is the absent child's row N
-        return Forest.concat([Forest.from_parents([1, 3, 3, -1]), Forest.random(6, rng=rng, max_children=2)])
-    return Forest.random(6, rng=rng, max_nodes=size)
+    return small_example_forest(key, rng, size)
 
 
 def _upstreams(out, rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
@@ -60,7 +51,7 @@ def _poison(executor) -> None:
         flat[...] = np.nan
 
 
-@pytest.mark.parametrize("key", list(CELLS))
+@pytest.mark.parametrize("key", list(SMALL_EXAMPLES))
 def test_backward_from_nan_memory_with_partial_upstreams_matches_the_interpreter(key, modules, rng, monkeypatch):
     """The backward's state gradients, hoisted gradients and deferred rows start as NaN memory (fresh and
     recycled), with the upstream gradient of one output or state, then of all: every gradient is finite and

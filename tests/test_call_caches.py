@@ -12,44 +12,28 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import cortexc
 import cortexc.runtime.cpu as cpu
 from cortexc import Forest
 from cortexc.runtime import linearize as linearize_module
 from cortexc.runtime.linearize import linearize
-from tests.helpers import EXAMPLES, random_inputs, relative_error
-
-#: examples with small dims: a chain cell, a tree cell with an index input and an output, a DAG cell
-CELLS = {
-    "lstm": ("lstm.cell", {}),
-    "binary_treelstm": ("binary_treelstm.cell", dict(V=64, X=16, H=12)),
-    "treelstm": ("treelstm.cell", dict(X=16, H=12)),
-    "dagrnn": ("dagrnn.cell", {}),
-}
+from tests.helpers import (
+    SMALL_EXAMPLES,
+    load_small_examples,
+    random_inputs,
+    relative_error,
+    small_example_forest,
+)
+from tests.helpers import chains as _chains
+from tests.helpers import first_model as _model
 
 
 @pytest.fixture(scope="module")
 def modules(tmp_path_factory):
-    root = tmp_path_factory.mktemp("callcache")
-    return {key: cortexc.load(EXAMPLES / file, root / key, **dims) for key, (file, dims) in CELLS.items()}
-
-
-def _model(module, device: str = "cpu", seed: int = 1):
-    return getattr(module, module.__all__[0])(device=device, seed=seed)
-
-
-def _chains(*lengths: int) -> Forest:
-    return Forest.concat([Forest.from_parents(np.r_[np.arange(1, n), -1]) for n in lengths])
+    return load_small_examples(tmp_path_factory.mktemp("callcache"))
 
 
 def _forest(key: str, rng: np.random.Generator, size: int = 40) -> Forest:
-    if key == "lstm":
-        return _chains(*(int(n) for n in rng.integers(1, size, 5)))
-    if key == "dagrnn":
-        return Forest.random_dag(size * 3, rng=rng)
-    if key == "binary_treelstm":  # nodes with one child above the leaves: child[1] reads the zero row N
-        return Forest.concat([Forest.from_parents([1, 3, 3, -1]), Forest.random(6, rng=rng, max_children=2)])
-    return Forest.random(6, rng=rng, max_nodes=size)
+    return small_example_forest(key, rng, size)
 
 
 def _assert_equal_results(got, want, label: str) -> None:
@@ -117,7 +101,7 @@ def _relabelled(forest: Forest, new_id: np.ndarray) -> Forest:
     return Forest(np.r_[0, np.cumsum(counts)], child_idx)
 
 
-@pytest.mark.parametrize("key", list(CELLS))
+@pytest.mark.parametrize("key", list(SMALL_EXAMPLES))
 def test_forests_of_one_shape_in_turn_give_their_own_results(key, modules, rng):
     """Forests with the same node count, levels and edges (one forest with its nodes renamed), run in turn
     on one model, with their inputs renamed alike: each gives the first one's results renamed, whatever
@@ -189,7 +173,7 @@ def test_concurrent_calls_on_new_and_shared_forests(key, modules, rng):
 # ----------------------------------------------------------------------------- state arrays not zero-filled
 
 
-@pytest.mark.parametrize("key", list(CELLS))
+@pytest.mark.parametrize("key", list(SMALL_EXAMPLES))
 def test_state_arrays_from_nan_filled_memory_give_the_reference_results(key, modules, rng, monkeypatch):
     """The forward's state arrays (and what a grad=True forward keeps) are not zero-filled: here their
     memory starts as NaN, so a row the C code failed to write, or a "missing child" row N left unzeroed,

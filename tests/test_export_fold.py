@@ -21,30 +21,13 @@ from cortexc import Forest
 from cortexc.cli import main
 from cortexc.codegen.export import export
 from cortexc.runtime import cpu, safetensors
-from tests.helpers import EXAMPLES, REPO
+from tests.helpers import EXAMPLES, REPO, word_child_sum
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("gcc") is None, reason="needs make, gcc")
 
 PROBE = REPO / "tests" / "c" / "export_fold_probe.c"
 BINARY_DIMS = {"V": 60, "X": 16, "H": 8}
-#: a child-sum Tree-LSTM with a word at every node: two folds (the hoisted [W_iou, W_f] GEMM, the leaves' W_iou)
-WORD_CHILD_SUM = """
-cell WordChildSum on tree {
-    dim V = 70, X = 12, H = 6
-    input word : index[V]
-    param E[V, X] init normal(0, 0.5)
-    param W_iou[3*H, X], U_iou[3*H, H], b_iou[3*H]
-    param W_f[H, X], U_f[H, H], b_f[H]
-    state h[H], c[H]
-    node {
-        x = E[word]
-        iou = W_iou @ x + U_iou @ sum(child.h) + b_iou
-        f = sigmoid(W_f @ x + U_f @ child.h + b_f)
-        c = sigmoid(iou[0:H]) * tanh(iou[2*H:3*H]) + sum(f * child.c)
-        h = sigmoid(iou[H:2*H]) * tanh(c)
-    }
-}
-"""
+WORD_CHILD_SUM = word_child_sum(70, 12, 6)
 
 
 class Exported:

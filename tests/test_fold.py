@@ -15,27 +15,9 @@ import cortexc
 from cortexc import Forest, Vocab
 from cortexc.runtime import cpu
 from cortexc.train import SGD, Adagrad, softmax_cross_entropy
-from tests.helpers import EXAMPLES, relative_error, sst_path
+from tests.helpers import EXAMPLES, relative_error, sst_path, word_child_sum
 
-#: a child-sum Tree-LSTM with a word at every node: the internal nodes' projections are hoisted (a stacked
-#: W_iou, W_f GEMM of E[word] in the pre kernel), the leaves' is W_iou's alone: two folds
-WORD_CHILD_SUM = """
-cell WordChildSum on tree {
-    dim V = 300, X = 24, H = 16
-    input word : index[V]
-    param E[V, X] init normal(0, 0.5)
-    param W_iou[3*H, X], U_iou[3*H, H], b_iou[3*H]
-    param W_f[H, X], U_f[H, H], b_f[H]
-    state h[H], c[H]
-    node {
-        x = E[word]
-        iou = W_iou @ x + U_iou @ sum(child.h) + b_iou
-        f = sigmoid(W_f @ x + U_f @ child.h + b_f)
-        c = sigmoid(iou[0:H]) * tanh(iou[2*H:3*H]) + sum(f * child.c)
-        h = sigmoid(iou[H:2*H]) * tanh(c)
-    }
-}
-"""
+WORD_CHILD_SUM = word_child_sum(300, 24, 16)
 
 _MODULES: dict[str, object] = {}
 

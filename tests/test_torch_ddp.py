@@ -74,6 +74,25 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _run_ranks(script: str, argv, results_dir) -> list:
+    """Two ranks of `script` (python -c) on gloo over 127.0.0.1 with `argv(rank)`, rank r writing its
+    results to `results_dir / f"{r}.pickle"`; those results, by rank."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
+    env["MASTER_PORT"] = str(_free_port())
+    ranks = [
+        subprocess.Popen([sys.executable, "-c", script, *argv(r)], env=env, stderr=subprocess.PIPE, text=True)
+        for r in range(2)
+    ]
+    for process in ranks:
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err
+    results = []
+    for r in range(2):
+        with open(results_dir / f"{r}.pickle", "rb") as file:
+            results.append(pickle.load(file))
+    return results
+
+
 @pytest.mark.parametrize(
     ("sparse", "optim", "nested"), [(False, "SGD", False), (True, "SGD", False), (True, "Adagrad", True)]
 )
@@ -91,35 +110,19 @@ def test_ddp_on_two_gloo_ranks_matches_one_process_with_averaged_gradients(rng, 
         steps.append(shard)
     with open(tmp_path / "shards.pickle", "wb") as file:
         pickle.dump(steps, file)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
-    env["MASTER_PORT"] = str(_free_port())
-    ranks = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                RANK,
-                str(r),
-                str(cls._package),
-                str(tmp_path / "shards.pickle"),
-                str(tmp_path / f"{r}.pickle"),
-                str(int(sparse)),
-                optim,
-                str(int(nested)),
-            ],
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    for process in ranks:
-        _, err = process.communicate(timeout=300)
-        assert process.returncode == 0, err
-    histories = []
-    for r in range(2):
-        with open(tmp_path / f"{r}.pickle", "rb") as file:
-            histories.append(pickle.load(file))
+    histories = _run_ranks(
+        RANK,
+        lambda r: [
+            str(r),
+            str(cls._package),
+            str(tmp_path / "shards.pickle"),
+            str(tmp_path / f"{r}.pickle"),
+            str(int(sparse)),
+            optim,
+            str(int(nested)),
+        ],
+        tmp_path,
+    )
     optimizer = getattr(torch.optim, optim)(reference.parameters(), lr=0.5)
     for step, shard in enumerate(steps):
         for name in histories[0][step]:
@@ -229,25 +232,11 @@ def test_no_sync_accumulation_averages_the_sparse_tables_like_ddp_s_params(rng, 
         steps.append(step)
     with open(tmp_path / "shards.pickle", "wb") as file:
         pickle.dump(steps, file)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
-    env["MASTER_PORT"] = str(_free_port())
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-c", ACCUMULATE, str(r), str(cls._package), str(tmp_path / "shards.pickle")]
-            + [str(tmp_path / f"{r}.pickle")],
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    for process in ranks:
-        _, err = process.communicate(timeout=300)
-        assert process.returncode == 0, err
-    results = []
-    for r in range(2):
-        with open(tmp_path / f"{r}.pickle", "rb") as file:
-            results.append(pickle.load(file))
+    results = _run_ranks(
+        ACCUMULATE,
+        lambda r: [str(r), str(cls._package), str(tmp_path / "shards.pickle"), str(tmp_path / f"{r}.pickle")],
+        tmp_path,
+    )
     for _, counts in results:
         assert counts == [(0, 3)] * len(steps)  # none under no_sync; the synced backward's 3 all-gathers
     optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
