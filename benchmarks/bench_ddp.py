@@ -39,7 +39,7 @@ CONFIGS = (
 )
 
 WORKER = """
-import json, os, pickle, sys, time
+import gc, json, os, pickle, sys, time
 import torch, torch.distributed as dist
 from cortexc.runtime.model import cell_class
 from cortexc.torch import CellModule
@@ -76,6 +76,9 @@ if rank == 0:
     with open(out, "w") as file:
         json.dump({"seconds": seconds, "trees": trees, "steps": len(steps) - warmup}, file)
 if world > 1:
+    del model, optimizer, cell  # the module holds its own group: freed in destroy, not at interpreter exit
+    gc.collect()
+    dist.barrier()  # every rank's collectives are done before any shuts its gloo pairs down
     dist.destroy_process_group()
 """
 

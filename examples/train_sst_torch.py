@@ -15,6 +15,7 @@ best `state_dict` (by dev) is saved.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from pathlib import Path
@@ -60,6 +61,15 @@ def root_accuracy(cell: CellModule, trees: list[Forest], vocab: Vocab) -> float:
 def run(rank: int, world: int, args: argparse.Namespace) -> None:
     if world > 1:
         dist.init_process_group("gloo", rank=rank, world_size=world)
+    train_rank(rank, world, args)
+    if world > 1:
+        gc.collect()  # the module's own group dies here, with its last reference, not at interpreter exit
+        dist.barrier()  # every rank's collectives are done before any shuts its gloo pairs down
+        dist.destroy_process_group()
+
+
+def train_rank(rank: int, world: int, args: argparse.Namespace) -> None:
+    """This rank's training; its model, optimizer and graphs (holding the process groups) die on return."""
     train, dev, test = (
         read_trees(SST / f"{s}.txt", args.limit if s == "train" else args.eval_limit) for s in ("train", "dev", "test")
     )
@@ -106,8 +116,6 @@ def run(rank: int, world: int, args: argparse.Namespace) -> None:
                 torch.save(cell.state_dict(), args.save)
     if rank == 0:
         print(f"best dev root accuracy {best:.4f}; state_dict saved to {args.save}", flush=True)
-    if world > 1:
-        dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -305,7 +305,7 @@ def test_cell_module_on_a_side_stream_matches_the_cpu_module(packages, sparse, r
 
 
 NCCL_RANK = """
-import os, pickle, sys
+import gc, os, pickle, sys
 import numpy as np, torch, torch.distributed as dist
 from cortexc.runtime.model import cell_class
 from cortexc.torch import CellModule
@@ -330,6 +330,9 @@ for shard in steps:
     history.append({k: v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()})
 with open(out, "wb") as file:
     pickle.dump(history, file)
+del ddp, optimizer, module, logits  # this rank's references to the group go before it does
+gc.collect()
+dist.barrier()  # both ranks' collectives are done before either tears its communicator down
 dist.destroy_process_group()
 """
 

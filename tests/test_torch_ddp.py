@@ -16,6 +16,7 @@ import pickle
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -31,7 +32,7 @@ DIMS = {"V": 30, "X": 6, "H": 5, "C": 3}
 STEPS = 3
 
 RANK = """
-import os, pickle, sys
+import gc, os, pickle, sys
 import numpy as np, torch, torch.distributed as dist
 from cortexc.runtime.model import cell_class
 from cortexc.torch import CellModule, ignore_sparse_tables_for_ddp
@@ -64,6 +65,9 @@ for shard in steps:
     history.append({k: v.detach().numpy().copy() for k, v in module.state_dict().items()})
 with open(out, "wb") as file:
     pickle.dump(history, file)
+del ddp, optimizer, module, logits  # the module (and its last graph) hold its sparse group: freed in destroy
+gc.collect()
+dist.barrier()  # both ranks' collectives are done before either shuts its pairs down
 dist.destroy_process_group()
 """
 
@@ -79,13 +83,27 @@ def _run_ranks(script: str, argv, results_dir) -> list:
     results to `results_dir / f"{r}.pickle"`; those results, by rank."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
     env["MASTER_PORT"] = str(_free_port())
-    ranks = [
-        subprocess.Popen([sys.executable, "-c", script, *argv(r)], env=env, stderr=subprocess.PIPE, text=True)
-        for r in range(2)
+    logs = [results_dir / f"{r}.stderr" for r in range(2)]
+    ranks = []
+    for r in range(2):
+        with open(logs[r], "w") as log:  # a file, not a pipe: a rank never blocks on a full pipe
+            ranks.append(subprocess.Popen([sys.executable, "-c", script, *argv(r)], env=env, stderr=log))
+    deadline = time.monotonic() + 300
+    try:  # a failed rank ends the run: its peer would wait in a collective until gloo's 30 min timeout
+        while any(p.poll() is None for p in ranks) and not any(p.poll() for p in ranks):
+            assert time.monotonic() < deadline, "the ranks ran past 300 s"
+            time.sleep(0.05)
+    finally:
+        for process in ranks:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+    failed = [
+        f"rank {r} exited {p.returncode}:\n{log.read_text()}"
+        for r, (p, log) in enumerate(zip(ranks, logs))
+        if p.returncode
     ]
-    for process in ranks:
-        _, err = process.communicate(timeout=300)
-        assert process.returncode == 0, err
+    assert not failed, "\n".join(failed)
     results = []
     for r in range(2):
         with open(results_dir / f"{r}.pickle", "rb") as file:
@@ -169,7 +187,7 @@ def test_a_sparse_module_in_a_compiled_graph_on_several_ranks_runs_eagerly_or_is
 
 
 ACCUMULATE = """
-import os, pickle, sys
+import gc, os, pickle, sys
 import numpy as np, torch, torch.distributed as dist
 from cortexc.runtime.model import cell_class
 from cortexc.torch import CellModule
@@ -208,6 +226,9 @@ for step in steps:
     history[-1]["params"] = {k: v.detach().numpy().copy() for k, v in module.state_dict().items()}
 with open(out, "wb") as file:
     pickle.dump((history, counts), file)
+del ddp, optimizer, module, local  # the module holds its sparse group: freed in destroy, not at exit
+gc.collect()
+dist.barrier()  # both ranks' collectives are done before either shuts its pairs down
 dist.destroy_process_group()
 """
 
