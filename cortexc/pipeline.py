@@ -134,7 +134,7 @@ def target_stage(programs: tuple[Program, ...], job: Job) -> tuple[tuple[TargetP
         for name in job.options.targets:
             target, variant = TARGETS[name], program
             if target.column_split:
-                variant = split_columns(variant)
+                variant = split_columns(variant, target.column_granule)
             if target.defer_outer_products:
                 variant = defer_outer_products(variant, target.defer_min_width)
             if target.fold_lookups:

@@ -193,7 +193,8 @@ def test_state_arrays_from_nan_filled_memory_give_the_reference_results(key, mod
     inputs = random_inputs(model.signature, forest, rng)
     expected = reference(forest, grad=True, **inputs)
     inference = model(forest, **inputs)
-    assert len(filled) >= len(model.signature.states)  # the inference took its states (and scratch) from there
+    for name in (s.name for s in model.signature.states):  # the inference took its states from there
+        assert any(np.shares_memory(inference[name], array) for array in filled), name
     taken = len(filled)
     out = model(forest, grad=True, **inputs)
     assert len(filled) > taken  # and so did the kept arrays of this one (`_Recycled`)
@@ -341,3 +342,27 @@ def test_recycled_kept_memory_gives_fresh_results(key, modules, rng):
         _assert_equal_results(grads, want_grads, f"forest {index} gradients")
         del out, between, grads
     assert taken > 0  # the memory was recycled
+
+
+@pytest.mark.parametrize("key", list(CELLS))
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_forward_gives_its_results_from_one_fresh_buffer(key, grad, modules, rng):
+    """States and outputs (with grad=True, the caller's copies of the states) are views of one new buffer, each
+    64-byte aligned in it, so a large forest's results get transparent huge pages instead of a page fault per
+    4 KiB; two calls never share one, and the results equal the interpreter's."""
+    model = _model(modules[key])
+    forest = _forest(key, rng)
+    inputs = random_inputs(model.signature, forest, rng)
+    first, second = model(forest, grad=grad, **inputs), model(forest, grad=grad, **inputs)
+    expected = _model(modules[key], device="interp")(forest, **inputs)
+    for result in (first, second):
+        arrays = list(result.values())
+        base = arrays[0].base
+        assert base is not None and all(array.base is base for array in arrays)
+        assert all((array.ctypes.data - base.ctypes.data) % 64 == 0 for array in arrays)
+        for name, value in expected.items():
+            assert relative_error(result[name], value) < 1e-5, name
+    assert not np.shares_memory(first[next(iter(first))].base, second[next(iter(second))].base)
+    _fresh = cpu._fresh_arrays([(3, 5), (7,), (0, 4), (2, 2)])
+    assert [a.shape for a in _fresh] == [(3, 5), (7,), (0, 4), (2, 2)]
+    assert len({a.base.ctypes.data for a in _fresh if a.size}) == 1

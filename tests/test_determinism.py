@@ -32,6 +32,12 @@ CELLS = {
     # the threads share, see driver_c_deferred.j2); W_s stays per tile
     "binary_treelstm_wide": ("binary_treelstm.cell", {"V": 40, "X": 200, "H": 100, "C": 200}),
     "dagrnn_wide": ("dagrnn.cell", {"X": 200, "H": 200}),
+    # hidden sizes of whole GEMM panels (16 floats) with GEMMs large enough (>= 2^20 multiply-adds a level)
+    # that the C target shares a level of one tile by columns among the threads (passes/columns.py,
+    # driver_c.j2): 208 is 13 panels, so 2 threads own 6 and 7, 3 threads 4, 4 and 5
+    "lstm_split": ("lstm.cell", {"X": 7, "H": 208}),
+    "binary_treelstm_split": ("binary_treelstm.cell", {"V": 40, "X": 12, "H": 144, "C": 3}),
+    "dagrnn_split": ("dagrnn.cell", {"X": 12, "H": 512}),  # one H x H GEMM a row: 4 rows are enough
 }
 
 #: run in a fresh process: builds the forest and inputs from a seed, runs forward + backward `runs`
@@ -42,7 +48,7 @@ import numpy as np
 import cortexc
 from cortexc import Forest
 
-package, seed, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+package, seed, runs, trees = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 from pathlib import Path
 from cortexc.runtime.loader import import_package
 
@@ -53,9 +59,9 @@ model = cls(device="cpu", seed=seed)
 model.load_params({k: v + 0.1 * rng.standard_normal(v.shape).astype(np.float32) for k, v in model.params.items()})
 sig = model.signature
 if sig.structure.shares_children:
-    forest = Forest.random_dag(3000, rng=rng, max_children=3, max_parents=3)
+    forest = Forest.random_dag(10 * trees, rng=rng, max_children=3, max_parents=3)
 else:
-    forest = Forest.concat([Forest.random(300, rng=rng, binary=True, max_nodes=40),
+    forest = Forest.concat([Forest.random(trees, rng=rng, binary=True, max_nodes=40),
                             Forest.from_nested([[[[[1, 2], 3], 4], 5], [6, 7]])])
 inputs = {}
 for decl in sig.inputs:
@@ -96,25 +102,31 @@ def packages(tmp_path_factory):
     return built
 
 
-def _digests(package: str, cache: str, threads: int, seed: int, runs: int) -> list[str]:
+def _digests(package: str, cache: str, threads: int, seed: int, runs: int, trees: int = 300) -> list[str]:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), CORTEXC_CACHE=cache, PYTHONPATH=str(REPO))
     env.pop("CORTEXC_NUM_THREADS", None)
     env["CORTEXC_ADAPT_THREADS"] = "0"  # exactly these threads, whatever else runs
     done = subprocess.run(
-        [sys.executable, "-c", WORKER, package, str(seed), str(runs)], env=env, capture_output=True, text=True
+        [sys.executable, "-c", WORKER, package, str(seed), str(runs), str(trees)],
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])["digests"]
 
 
-@pytest.mark.parametrize("key", ["binary_treelstm", "dagrnn", "binary_treelstm_wide", "dagrnn_wide"])
+@pytest.mark.parametrize(
+    "key", ["binary_treelstm", "dagrnn", "binary_treelstm_wide", "dagrnn_wide", "binary_treelstm_split", "dagrnn_split"]
+)
 def test_forward_and_backward_are_bitwise_equal_run_to_run_and_across_thread_counts(key, packages, rng):
     package, cache = packages[key]
     seed = int(rng.integers(0, 2**31))
-    two = _digests(package, cache, 2, seed, runs=5)
+    trees = 40 if key.endswith("_split") else 300  # the wide hidden sizes: fewer trees (DAG: 10x nodes)
+    two = _digests(package, cache, 2, seed, runs=5, trees=trees)
     assert len(set(two)) == 1, f"{key}: 5 runs at 2 threads differ: {two}"
-    one = _digests(package, cache, 1, seed, runs=1)
-    three = _digests(package, cache, 3, seed, runs=1)
+    one = _digests(package, cache, 1, seed, runs=1, trees=trees)
+    three = _digests(package, cache, 3, seed, runs=1, trees=trees)
     assert one[0] == two[0] == three[0], f"{key}: 1, 2 and 3 threads differ"
 
 
@@ -129,12 +141,12 @@ from cortexc import Forest
 from cortexc.runtime.linearize import linearize
 from cortexc.runtime.loader import import_package
 
-package, seed = sys.argv[1], int(sys.argv[2])
+package, seed, shapes = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
 module = import_package(Path(package))
 model = module.LSTM(device="cpu", seed=seed)
 rng = np.random.default_rng(seed)
 rows = []
-for T, B in ((40, 16), (40, 17), (6, 20), (8, 20)):
+for T, B in shapes:
     forest = Forest.concat([Forest.from_parents(np.append(np.arange(1, T), -1))] * B)
     x = rng.standard_normal((forest.num_nodes, 7)).astype(np.float32)
     out = model(forest, grad=True, x=x)
@@ -151,12 +163,15 @@ print(json.dumps(rows))
 """
 
 
-def _chain_rows(package: str, cache: str, threads: int, seed: int) -> list[list]:
+def _chain_rows(package: str, cache: str, threads: int, seed: int, shapes=((40, 16), (40, 17), (6, 20), (8, 20))):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), CORTEXC_CACHE=cache, PYTHONPATH=str(REPO))
     env.pop("CORTEXC_NUM_THREADS", None)
     env["CORTEXC_ADAPT_THREADS"] = "0"  # exactly these threads, whatever else runs
     done = subprocess.run(
-        [sys.executable, "-c", CHAINS_WORKER, package, str(seed)], env=env, capture_output=True, text=True
+        [sys.executable, "-c", CHAINS_WORKER, package, str(seed), json.dumps(shapes)],
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -170,6 +185,20 @@ def test_the_thread_count_chosen_per_call_changes_no_bit(packages, rng):
     assert [row[:2] for row in one] == [[1, 1]] * 4
     assert [row[:2] for row in two] == [[1, 1], [2, 2], [1, 1], [2, 2]]
     assert [row[2] for row in one] == [row[2] for row in two]
+
+
+def test_small_levels_shared_by_columns_change_no_bit(packages, rng):
+    """Chains of batch 7 and 12 have levels of one tile: with 2 or 3 threads each thread runs every row of such a
+    level for the GEMM panels it owns (so the forward goes on all threads; the backward's levels still run
+    alone), with 1 thread one owns them all: the same bits every way. A chain of batch 1 stays on one thread
+    (832 x 208 multiply-adds a row: 7 rows are enough for a split, 1 is not)."""
+    package, cache = packages["lstm_split"]
+    seed, shapes = int(rng.integers(0, 2**31)), ((40, 7), (30, 12), (60, 1))
+    one, two, three = (_chain_rows(package, cache, threads, seed, shapes) for threads in (1, 2, 3))
+    assert [row[:2] for row in one] == [[1, 1]] * 3
+    assert [row[:2] for row in two] == [[2, 1], [2, 1], [1, 1]]
+    assert [row[:2] for row in three] == [[3, 1], [3, 1], [1, 1]]
+    assert [row[2] for row in one] == [row[2] for row in two] == [row[2] for row in three]
 
 
 # ------------------------------------------------- the schedule against the interpreter, tiny + huge levels
@@ -204,6 +233,19 @@ def test_stars_chains_and_trees_against_the_interpreter(rng, tmp_path_factory, m
     """A level of 700 leaves under one root, chains, random trees: small and large levels interleaved."""
     forest = Forest.concat([_star(700), _chain(60), Forest.random(50, rng=rng, max_nodes=30), _star(3)])
     _check(EXAMPLES / "treelstm.cell", {"X": 6, "H": 8}, forest, rng, tmp_path_factory, monkeypatch)
+
+
+def test_levels_shared_by_columns_against_the_interpreter(rng, tmp_path_factory, monkeypatch):
+    """Cells whose hidden size is whole GEMM panels, on forests of small levels the threads share by columns
+    (exactly the threads the shape asks for, whatever else runs): chains of batch 7 and SST trees."""
+    monkeypatch.setenv("CORTEXC_ADAPT_THREADS", "0")
+    chains = Forest.concat([_chain(40)] * 7 + [_chain(int(n)) for n in rng.integers(2, 30, 6)])
+    _check(EXAMPLES / "lstm.cell", {"X": 7, "H": 208}, chains, rng, tmp_path_factory, monkeypatch)
+    lines = sst_path("dev").read_text().splitlines()
+    start = int(rng.integers(0, len(lines) - 10))
+    trees = Forest.from_ptb(lines[start : start + 10])
+    defines = {"V": 30, "X": 8, "H": 144, "C": 5}
+    _check(EXAMPLES / "binary_treelstm.cell", defines, trees, rng, tmp_path_factory, monkeypatch)
 
 
 def test_sst_trees_against_the_interpreter(rng, tmp_path_factory, monkeypatch):

@@ -16,7 +16,8 @@ class Target:
     tile_rows: int  # rows (nodes) per tile inside a kernel
     private_accumulators: bool  # per-tile weight gradients summed per chunk (C) or added atomically (CUDA)
     threads_per_block: int = 1  # CUDA: threads that share a tile
-    column_split: bool = False  # CUDA: small levels may be shared among blocks by columns (ColumnSplit)
+    column_split: bool = False  # small levels may be shared among blocks (CUDA) or threads (C) by columns
+    column_granule: int = 1  # ... in whole runs of this many columns; a period it does not divide: no split
     defer_outer_products: bool = False  # weight gradients (AccumOuter) as one GEMM per term after the recursion
     defer_min_width: int = 0  # ... those with m * k / (m + k) >= this (smaller ones: summed per tile, in cache)
     fold_lookups: bool = False  # C: GEMMs of table rows may read a folded table in an inference (passes.fold)
@@ -37,6 +38,8 @@ C = Target(
     gemm_mr=8,
     tile_rows=32,
     private_accumulators=True,
+    column_split=True,
+    column_granule=16,  # a GEMM panel (gemm_nr): each thread's columns are whole panels of the packed weights
     defer_outer_products=True,
     defer_min_width=DEFER_MIN_WIDTH_C,
     fold_lookups=True,

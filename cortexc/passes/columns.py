@@ -48,15 +48,19 @@ from cortexc.ir.program import (
 _COLUMNWISE = BINARY_OPS | UNARY_OPS | REDUCE_OPS | {Op.EXPAND}
 
 
-def split_columns(program: Program) -> Program:
+def split_columns(program: Program, granule: int = 1) -> Program:
     """The per-target program pass: the node kernel's column split, and the leaf kernel's when its period
     is the node kernel's (one ownership of columns serves the whole launch); other kernels run whole.
+    `granule`: the target shares columns in whole runs of that many (the C target: GEMM panels), so a
+    period it does not divide is no split there.
 
     Requires: a scheduled program. Guarantees: ``split`` set on the leaf/node kernels that may be shared
-    among blocks by columns (see the module docstring), None elsewhere.
+    among blocks by columns (see the module docstring), with a period that `granule` divides; None elsewhere.
     """
     node = program.role(KernelRole.NODE)
     node_split = column_split(node)
+    if node_split is not None and node_split.period % granule:
+        node_split = None
     leaf_split = column_split(program.role(KernelRole.LEAF))
     if node_split is None or leaf_split is None or leaf_split.period != node_split.period:
         leaf_split = None
