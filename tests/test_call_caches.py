@@ -344,7 +344,7 @@ def test_recycled_kept_memory_gives_fresh_results(key, modules, rng):
     assert taken > 0  # the memory was recycled
 
 
-@pytest.mark.parametrize("key", list(CELLS))
+@pytest.mark.parametrize("key", list(SMALL_EXAMPLES))
 @pytest.mark.parametrize("grad", [False, True])
 def test_a_forward_gives_its_results_from_one_fresh_buffer(key, grad, modules, rng):
     """States and outputs (with grad=True, the caller's copies of the states) are views of one new buffer, each
