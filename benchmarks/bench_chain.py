@@ -56,6 +56,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import cortexc  # noqa: E402
+from benchmarks.load import Busy  # noqa: E402
 from cortexc import Forest  # noqa: E402
 from cortexc.runtime.loader import import_package  # noqa: E402
 
@@ -83,19 +84,6 @@ def interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, fl
 def chains(length: int, count: int) -> Forest:
     one = Forest.from_parents(np.append(np.arange(1, length), -1))
     return Forest.concat([one] * count)
-
-
-class Busy:
-    """One competing busy process for the duration of a `with` block, stopped by its pid."""
-
-    def __enter__(self) -> Busy:
-        self.process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        time.sleep(0.3)
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        os.kill(self.process.pid, 9)
-        self.process.wait()
 
 
 def chain_cases(module: Any, shapes: list[tuple[int, int]], rng: np.random.Generator) -> list[dict[str, Any]]:

@@ -26,6 +26,9 @@ implementations that work one node at a time whatever the batch (``interp``,
 ``torch_per_node``) are timed on only the first ``--interp-trees`` /
 ``--per-node-trees`` trees of those batches, to keep the run short.
 ``ms/batch`` is the time of one batch (at batch 1, the latency per tree).
+With ``--loaded``, ``compiled`` and ``torch_level_batched`` are timed again next to one competing busy
+process that the benchmark starts and stops (`benchmarks.load.Busy`), and each one's loaded / quiet time is
+reported side by side.
 Linearization (``Forest.from_ptb`` of the batch's lines and the level-batched
 ``prepare``) is timed separately from compute. Each implementation's GFLOP/s (GEMM FLOPs of the forward over
 its time) is given against the best sgemm rate measured in the same run (``% best sgemm``: the
@@ -62,6 +65,7 @@ if str(REPO) not in sys.path:  # run as a script: make `benchmarks` and `cortexc
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from benchmarks.load import Busy  # noqa: E402
 from benchmarks.peers import (  # noqa: E402
     TorchLevelBatched,
     TorchPerNode,
@@ -81,6 +85,8 @@ from cortexc.runtime.vocab import Vocab  # noqa: E402
 CELL = REPO / "examples" / "binary_treelstm.cell"
 SST_DIR = Path(os.environ.get("CORTEXC_SST_DIR", REPO.parent / "shared" / "data" / "sst"))
 IMPLS = ("interp", "torch_per_node", "torch_level_batched", "compiled_unfolded", "compiled")
+LOADED_IMPLS = ("torch_level_batched", "compiled")  # timed again next to a busy process with --loaded
+LOADED_LABELS = {"torch_level_batched": "torch_level (busy)", "compiled": "compiled (busy)"}
 CHECK_TREES = 20  # trees on which every implementation is checked against the interpreter
 CHECK_RTOL = 1e-4  # normwise relative error above which a result is flagged as a mismatch
 WARMUP_CALLS = 10  # calls of an implementation before it is timed, at least ...
@@ -349,6 +355,7 @@ def bench_config(
             },
             "impls": {},
         }
+        works: dict[str, tuple[Runner, list[tuple[Any, int, int]]]] = {}
         for name in IMPLS:
             if name.startswith("compiled") and name not in runners:
                 entry["impls"][name] = {"status": compiled_status}
@@ -374,6 +381,14 @@ def bench_config(
             stats = time_runner(run, work, args.repeats)
             stats["status"] = "ok"
             entry["impls"][name] = stats
+            works[name] = (run, work)
+        if args.loaded:
+            with Busy():
+                for name in LOADED_IMPLS:
+                    if name in works:
+                        loaded = time_runner(*works[name], args.repeats)
+                        quiet = entry["impls"][name]["trees_per_s"]
+                        entry["impls"][name]["loaded"] = {**loaded, "over_quiet": quiet / loaded["trees_per_s"]}
         result["batches"].append(entry)
         print(f"  [{split} H={hidden} batch={spec}] done", file=sys.stderr, flush=True)
     return result
@@ -466,6 +481,15 @@ def print_table(result: dict[str, Any], best: float) -> None:
                 f"{entry['roofline_gflops']:>9.1f} "
                 f"{100 * stats['best_sgemm_fraction']:>11.2f}% {ratio:>15.3f}"
             )
+        for name in LOADED_IMPLS:
+            loaded = entry["impls"][name].get("loaded")
+            if loaded is not None:
+                label, per_s = LOADED_LABELS[name], loaded["trees_per_s"]
+                print(
+                    f"{entry['batch']:>6} {label:<20} {loaded['trees']:>6} {per_s:>10.1f} "
+                    f"{1e3 * entry['batch_size'] / per_s:>9.3f}   next to one busy process: "
+                    f"loaded / quiet {loaded['over_quiet']:.2f}x"
+                )
         lin = entry["linearize"]
         if fold is not None and fold["used"]:
             share = 100 * entry["folded_flops_fraction"]
@@ -536,6 +560,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cell", type=Path, default=CELL)
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--png", type=Path, help="write a plot of trees/s against batch size here")
+    parser.add_argument(
+        "--loaded",
+        action="store_true",
+        help="also time compiled and torch_level_batched next to one busy process (started and stopped here)",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
