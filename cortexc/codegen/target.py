@@ -18,6 +18,7 @@ class Target:
     threads_per_block: int = 1  # CUDA: threads that share a tile
     column_split: bool = False  # small levels may be shared among blocks (CUDA) or threads (C) by columns
     column_granule: int = 1  # ... in whole runs of this many columns; a period it does not divide: no split
+    whole_width_copy: bool = False  # a split step also has its whole-width loop, for calls that do not split
     defer_outer_products: bool = False  # weight gradients (AccumOuter) as one GEMM per term after the recursion
     defer_min_width: int = 0  # ... those with m * k / (m + k) >= this (smaller ones: summed per tile, in cache)
     fold_lookups: bool = False  # C: GEMMs of table rows may read a folded table in an inference (passes.fold)
@@ -40,6 +41,7 @@ C = Target(
     private_accumulators=True,
     column_split=True,
     column_granule=16,  # a GEMM panel (gemm_nr): each thread's columns are whole panels of the packed weights
+    whole_width_copy=True,  # most calls (and every level below the threshold) run whole: no per-panel loops
     defer_outer_products=True,
     defer_min_width=DEFER_MIN_WIDTH_C,
     fold_lookups=True,
