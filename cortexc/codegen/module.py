@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cortexc import __version__
-from cortexc.codegen.render import abi, environment
+from cortexc.codegen.render import abi, environment, hoist_window
 from cortexc.codegen.target import TARGETS
 from cortexc.errors import OutputError
 from cortexc.ir.cell import Cell
@@ -138,6 +138,9 @@ def package_files(source: str, source_file: str, options: CompileOptions, render
             {"name": f.name, "packed": f.packed, "table": f.table, "rows": f.rows, "m": f.m, "k": f.k}
             for f in (c_program.folds if c_program is not None else ())
         ]
+        # an inference may hoist a window of levels at a time (the C driver): the rows the runtime gives it
+        window = hoist_window(c_program, TARGETS["c"]) if c_program is not None else None
+        spec["hoisted_window_rows"] = window["rows"] if window is not None else 0
         spec["launch"] = options.launch.to_json()
         specs.append(spec)
     description = {

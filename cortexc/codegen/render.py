@@ -138,6 +138,7 @@ def render(program: Program, target: Target, source_file: str) -> str:
         typedefs={name: c_typedef(name, fields) for name, fields in STRUCTS.items()},
         launch_modes=LAUNCH_MODES,
         forward_phases=[_phase_context(program, phase, target) for phase in program.forward],
+        hoist_window=hoist_window(program, target),
         backward_phases=[_phase_context(program, phase, target) for phase in program.backward],
         split_kernel=node.name,
         accumulators=accumulators,
@@ -172,6 +173,30 @@ def render(program: Program, target: Target, source_file: str) -> str:
         split_stage_floats=-(-target.tile_rows * (max((w["k"] for w in split_weights.values()), default=0) + 1) // 4)
         * 4,
     )
+
+
+def hoist_window(program: Program, target: Target) -> dict[str, Any] | None:
+    """How an inference on this target may compute its hoisted rows a window of levels at a time instead of
+    all before the recursion (`Target.hoist_window_bytes`; the C driver): the pre kernel's and the up sweep's
+    kernel's names and the window's rows (at least one), or None. Why: the hoisted rows of a long chain are
+    megabytes, written to memory by the pre kernel and read back by the levels; a window stays in cache.
+    Requires: a pre kernel over every internal node before the up sweep, and no other forward kernel that
+    reads hoisted rows (a window holds only the levels being run). A backward's forward keeps every row."""
+    if not target.hoist_window_bytes or program.cell.pre is None:
+        return None
+    pre = [p for p in program.forward if program.kernel(p.kernel).role == KernelRole.PRE]
+    up = [p for p in program.forward if p.sweep == Sweep.UP]
+    if len(pre) != 1 or len(up) != 1 or pre[0].sweep != Sweep.ALL:
+        return None
+    if program.forward.index(pre[0]) > program.forward.index(up[0]):
+        return None
+    readers = {p.kernel for p in program.forward if any(v.op == Op.HOISTED for v in program.kernel(p.kernel).body.values)}
+    if not readers <= {up[0].kernel}:
+        return None
+    floats = sum(width(program.cell.pre.values[i]) for _, i in program.cell.pre.named_results)
+    if floats == 0:
+        return None
+    return {"pre": pre[0].kernel, "node": up[0].kernel, "rows": max(1, target.hoist_window_bytes // (4 * floats))}
 
 
 def program_packed_params(program: Program, packed: str) -> str:

@@ -61,6 +61,8 @@ CALL_FIELDS: tuple[Field, ...] = (
     Field("dropout_seed", "uint64_t", "the masks' Philox key (seed mod 2^32, seed div 2^32)"),
     Field("dropout_train", "int64_t", "1: training mode (dropout masks); 0: dropout(e, p) is e"),
     Field("folded", "const float *const *", 'NULL, or per fold (JSON "folds") its table or NULL (run the GEMM)'),
+    Field("hoisted_rows", "int64_t", "rows of each hoisted array: 0: one per internal node; fewer: a window (C)"),
+    Field("hoisted_first", "int64_t", "the internal node (position - level_ptr[1]) of hoisted row 0 (0 but in C)"),
 )
 
 #: `cx_grad`: the gradient arrays of a backward call

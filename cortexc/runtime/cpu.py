@@ -424,11 +424,23 @@ class CpuExecutor:
         call, _tables = self._call(lin, [], [], [], [], [], [])
         return int(self.lib.cx_call_threads(ctypes.byref(call), int(backward)))
 
+    def hoisted_window_rows(self, lin: Linearized) -> int:
+        """The rows of each hoisted array an inference needs: a window (see `cx_window_end` in the driver) of
+        the package's `hoisted_window_rows`, or the widest level above the leaves if that is more, where that
+        is fewer than the internal nodes; else one row per internal node."""
+        internal = lin.num_nodes - lin.num_leaves
+        window = self.spec.get("hoisted_window_rows", 0)
+        if not window or window >= internal:
+            return internal
+        return min(internal, max(window, lin.widest_internal_level))
+
     def _launch_forward(self, call: ctypes.Structure, lin: Linearized) -> None:
         limit = self._set_threads()
-        failed = self.lib.cx_forward(ctypes.byref(call)) != 0
+        status = self.lib.cx_forward(ctypes.byref(call))
         MACHINE.ended(limit or CPUS)
-        if failed:
+        if status == -2:
+            raise CortexcError(f"the compiled forward was given {call.hoisted_rows} hoisted rows, fewer than a level")
+        if status != 0:
             raise CortexcError("the compiled forward could not allocate its scratch memory")
 
     def _launch_backward(
@@ -547,6 +559,7 @@ class CpuExecutor:
             outputs=address(outputs_table),
             dropout_seed=dropout.seed,
             dropout_train=int(dropout.train),
+            hoisted_rows=min((len(array) for array in hoisted), default=0),
         )
         tables = [params_table, packed_table, inputs_table, states_table, hoisted_table, outputs_table]
         if folded is not None:  # else NULL: every GEMM runs
@@ -641,7 +654,8 @@ class CpuExecutor:
         else:  # the caller's: the states and the outputs, from one fresh buffer
             arrays = _state_arrays(n, state_shapes, output_shapes)
             states, outputs = arrays[: len(state_shapes)], arrays[len(state_shapes) :]
-            hoisted = self._scratch.arrays("hoisted", [(internal, width) for width in widths], zero=False)
+            rows = self.hoisted_window_rows(lin)
+            hoisted = self._scratch.arrays("hoisted", [(rows, width) for width in widths], zero=False)
         # kept for a backward: the inputs are copied (they may be the caller's arrays) and the states returned
         # as copies, so editing either afterwards cannot change the gradients (one copy of each, O(N * width))
         input_arrays = [inputs[name] for name in abi["inputs"]]

@@ -37,6 +37,12 @@ class Linearized:
         return int(self.level_ptr[1]) if self.num_levels else 0
 
     @cached_property
+    def widest_internal_level(self) -> int:
+        """The most nodes of one level above the leaves (0 when there is none)."""
+        sizes = np.diff(self.level_ptr[1:])
+        return int(sizes.max()) if len(sizes) else 0
+
+    @cached_property
     def addresses(self) -> tuple[int, int, int, int, int]:
         """The addresses of level_order, level_ptr, edge_ptr, edge_child and roots (the `cx_call` order),
         read once: the arrays live as long as this value."""

@@ -1,0 +1,163 @@
+"""Windowed hoisting (`Target.hoist_window_bytes`, the C driver's `cx_window_end`): an inference computes the
+hoisted rows a window of levels at a time, into a buffer that stays in cache, instead of all of them before
+the recursion. Its results must be bitwise those of the forward that hoists every row (a training forward,
+or a window as large as the internal nodes) whatever the window, at any thread count, and match the
+interpreter; a window smaller than a level is refused, never overrun."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import cortexc
+from cortexc import Forest
+from cortexc.codegen.target import TARGETS
+from cortexc.errors import CortexcError
+from cortexc.runtime.linearize import linearize
+from tests.helpers import EXAMPLES, REPO, random_inputs, relative_error, twin_models
+
+#: cells with hoisted input projections: a chain LSTM, a child-sum Tree-LSTM (two hoisted arrays)
+CELLS = {"lstm": ("lstm.cell", {"X": 7, "H": 9}), "treelstm": ("treelstm.cell", {"X": 6, "H": 8})}
+
+
+@pytest.fixture(scope="module")
+def modules(tmp_path_factory):
+    return {key: cortexc.load(EXAMPLES / file, tmp_path_factory.mktemp(key), **dims) for key, (file, dims) in CELLS.items()}
+
+
+def _chain(n: int) -> Forest:
+    return Forest.from_parents([i + 1 if i < n - 1 else -1 for i in range(n)])
+
+
+def _star(n: int) -> Forest:
+    return Forest.from_parents([n - 1] * (n - 1) + [-1])
+
+
+def _mixed_forest(key: str, rng: np.random.Generator) -> Forest:
+    """Levels of one row (a long chain) next to levels of hundreds (short chains, a wide tree)."""
+    if key == "lstm":
+        return Forest.concat([_chain(300)] + [_chain(int(n)) for n in rng.integers(2, 7, 300)])
+    return Forest.concat([_star(40), _chain(90), Forest.random(120, rng=rng, max_nodes=25), _star(3)])
+
+
+def _executor(model):
+    return model._executor_for_device()
+
+
+def _digest(result: dict[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(result):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(result[name]).tobytes())
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("key", list(CELLS))
+def test_the_package_asks_for_a_window_of_the_target_s_bytes(key, modules):
+    """The window's rows follow from the C target's budget and the hoisted widths; CUDA hoists every row."""
+    model = getattr(modules[key], modules[key].__all__[0])(device="cpu")
+    spec = _executor(model).spec
+    floats = sum(spec["hoisted_widths"])
+    assert floats > 0
+    assert spec["hoisted_window_rows"] == TARGETS["c"].hoist_window_bytes // (4 * floats) > 0
+    assert TARGETS["cuda"].hoist_window_bytes == 0
+
+
+@pytest.mark.parametrize("key", list(CELLS))
+@pytest.mark.parametrize("window", [1, 3, 8, 64, None])
+def test_any_window_gives_the_results_of_hoisting_every_row(key, window, modules, rng, monkeypatch):
+    """Window sizes from one level (1: each window is the widest level, so a wide level is one window of
+    its own) to many levels, on forests whose levels range from 1 to hundreds of rows: the inference equals,
+    bit for bit, a training forward (which hoists every row) and the same model with windowing off, and it
+    matches the interpreter."""
+    model, reference = twin_models(modules[key], "cpu", int(rng.integers(0, 2**31)), rng)
+    forest = _mixed_forest(key, rng)
+    if window is None:  # the package's own window (thousands of rows at these widths): a larger forest
+        forest = Forest.concat([forest] + [_chain(500)] * 10)
+    inputs = random_inputs(model.cell, forest, rng)
+    executor = _executor(model)
+    if window is not None:
+        monkeypatch.setitem(executor.spec, "hoisted_window_rows", window)
+    lin = linearize(forest)
+    rows = executor.hoisted_window_rows(lin)
+    internal = lin.num_nodes - lin.num_leaves
+    assert lin.widest_internal_level <= rows < internal  # windowed: fewer rows than internal nodes
+    windowed = model(forest, **inputs)
+    kept = model(forest, grad=True, **inputs)
+    monkeypatch.setitem(executor.spec, "hoisted_window_rows", 0)
+    assert executor.hoisted_window_rows(lin) == internal
+    whole = model(forest, **inputs)
+    assert _digest(windowed) == _digest(whole) == _digest(kept)
+    expected = reference(forest, **inputs)
+    for name, value in expected.items():
+        assert relative_error(windowed[name], value) < 1e-5, name
+
+
+def test_saturated_inputs_agree_with_the_interpreter_through_windows(modules, rng, monkeypatch):
+    """Inputs of +-100 and inf saturate every gate; the windowed inference still matches the interpreter."""
+    model, reference = twin_models(modules["lstm"], "cpu", 3, rng)
+    monkeypatch.setitem(_executor(model).spec, "hoisted_window_rows", 5)
+    forest = Forest.concat([_chain(50)] + [_chain(int(n)) for n in rng.integers(2, 9, 40)])
+    x = rng.choice(np.array([-100.0, 100.0, np.inf, -np.inf, 0.5], np.float32), (forest.num_nodes, 7))
+    got, expected = model(forest, x=x), reference(forest, x=x)
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_window_smaller_than_a_level_is_refused(modules, rng, monkeypatch):
+    """The C driver checks that every level fits before it writes a row: too small a window is a typed error
+    (the runtime never sizes one so), not a write past the buffer."""
+    model = getattr(modules["lstm"], modules["lstm"].__all__[0])(device="cpu", seed=1)
+    forest = Forest.concat([_chain(4)] * 30)  # levels of 30 rows
+    executor = _executor(model)
+    monkeypatch.setattr(executor, "hoisted_window_rows", lambda lin: 29)
+    x = rng.standard_normal((forest.num_nodes, 7)).astype(np.float32)
+    with pytest.raises(CortexcError, match="fewer than a level"):
+        model(forest, x=x)
+    monkeypatch.setattr(executor, "hoisted_window_rows", lambda lin: 30)  # one level a window: enough
+    assert _digest(model(forest, x=x)) == _digest(model(forest, grad=True, x=x))
+
+
+#: run in a fresh process: the windowed inference of a chain forest at this OMP_NUM_THREADS; prints a digest
+WORKER = r"""
+import hashlib, sys
+from pathlib import Path
+import numpy as np
+from cortexc import Forest
+from cortexc.runtime.loader import import_package
+
+module = import_package(Path(sys.argv[1]))
+model = getattr(module, module.__all__[0])(device="cpu", seed=int(sys.argv[2]))
+model._executor_for_device().spec["hoisted_window_rows"] = int(sys.argv[3])
+rng = np.random.default_rng(int(sys.argv[2]))
+chain = lambda n: Forest.from_parents([i + 1 if i < n - 1 else -1 for i in range(n)])
+forest = Forest.concat([chain(200)] * 40 + [chain(int(n)) for n in rng.integers(2, 50, 60)])
+out = model(forest, x=rng.standard_normal((forest.num_nodes, 7)).astype(np.float32))
+h = hashlib.sha256()
+for name in sorted(out):
+    h.update(name.encode()); h.update(np.ascontiguousarray(out[name]).tobytes())
+print(h.hexdigest())
+"""
+
+
+def test_windowed_inference_is_bitwise_equal_across_thread_counts(modules, rng, tmp_path):
+    """Levels of 40-100 rows, which 2 and 3 threads share (tiles and windows follow the rows only)."""
+    package = os.path.dirname(modules["lstm"].__file__)
+    seed = int(rng.integers(0, 2**31))
+    digests = {}
+    for threads in (1, 2, 3):
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(REPO), CORTEXC_ADAPT_THREADS="0")
+        env.pop("CORTEXC_NUM_THREADS", None)
+        for window in (100, 700):
+            done = subprocess.run(
+                [sys.executable, "-c", WORKER, package, str(seed), str(window)], env=env, capture_output=True, text=True
+            )
+            assert done.returncode == 0, done.stderr
+            digests[threads, window] = done.stdout.strip().splitlines()[-1]
+    assert len(set(digests.values())) == 1, json.dumps({str(k): v for k, v in digests.items()})
