@@ -28,7 +28,7 @@ CELLS = {"lstm": ("lstm.cell", {"X": 7, "H": 9}), "treelstm": ("treelstm.cell", 
 
 @pytest.fixture(scope="module")
 def modules(tmp_path_factory):
-    return {key: cortexc.load(EXAMPLES / file, tmp_path_factory.mktemp(key), **dims) for key, (file, dims) in CELLS.items()}
+    return {key: cortexc.load(EXAMPLES / f, tmp_path_factory.mktemp(key), **dims) for key, (f, dims) in CELLS.items()}
 
 
 def _chain(n: int) -> Forest:

@@ -190,8 +190,9 @@ def hoist_window(program: Program, target: Target) -> dict[str, Any] | None:
         return None
     if program.forward.index(pre[0]) > program.forward.index(up[0]):
         return None
-    readers = {p.kernel for p in program.forward if any(v.op == Op.HOISTED for v in program.kernel(p.kernel).body.values)}
-    if not readers <= {up[0].kernel}:
+    kernels = {p.kernel: program.kernel(p.kernel) for p in program.forward}
+    reads = {name for name, k in kernels.items() if any(v.op == Op.HOISTED for v in k.body.values)}
+    if not reads <= {up[0].kernel}:
         return None
     floats = sum(width(program.cell.pre.values[i]) for _, i in program.cell.pre.named_results)
     if floats == 0:
