@@ -38,6 +38,9 @@ CELLS = {
     "lstm_split": ("lstm.cell", {"X": 7, "H": 208}),
     "binary_treelstm_split": ("binary_treelstm.cell", {"V": 40, "X": 12, "H": 144, "C": 3}),
     "dagrnn_split": ("dagrnn.cell", {"X": 12, "H": 512}),  # one H x H GEMM a row: 4 rows are enough
+    # 256 x 64 multiply-adds a row in the node kernel: a forward's level of 8 rows or more (but one tile) is
+    # shared by the threads in blocks of rows (driver_c.j2, cx_rows_shared); too few for a column split
+    "lstm_rows": ("lstm.cell", {"X": 7, "H": 64}),
 }
 
 #: run in a fresh process: builds the forest and inputs from a seed, runs forward + backward `runs`
@@ -149,10 +152,12 @@ rows = []
 for T, B in shapes:
     forest = Forest.concat([Forest.from_parents(np.append(np.arange(1, T), -1))] * B)
     x = rng.standard_normal((forest.num_nodes, 7)).astype(np.float32)
+    inference = model(forest, x=x)  # an inference hoists a window of levels at a time
     out = model(forest, grad=True, x=x)
     grads = model.backward(out, {"h": rng.standard_normal(out["h"].shape).astype(np.float32)})
     h = hashlib.sha256()
     for name in sorted(out):
+        h.update(np.ascontiguousarray(inference[name]).tobytes())
         h.update(np.ascontiguousarray(out[name]).tobytes())
     for name in sorted(grads):
         h.update(np.ascontiguousarray(grads[name]).tobytes())
@@ -201,6 +206,19 @@ def test_small_levels_shared_by_columns_change_no_bit(packages, rng):
     assert [row[2] for row in one] == [row[2] for row in two] == [row[2] for row in three]
 
 
+def test_small_levels_shared_by_rows_change_no_bit(packages, rng):
+    """Chains of batch 8 and 10 have forward levels of one tile with enough GEMM work (8 x 16384 multiply-adds)
+    that 2 or 3 threads share them in blocks of rows (the backward's levels still run alone); batch 7 and 1
+    stay on one thread. Forward (inference and training), backward: the same bits at 1, 2 and 3 threads."""
+    package, cache = packages["lstm_rows"]
+    seed, shapes = int(rng.integers(0, 2**31)), ((60, 10), (50, 8), (40, 7), (60, 1))
+    one, two, three = (_chain_rows(package, cache, threads, seed, shapes) for threads in (1, 2, 3))
+    assert [row[:2] for row in one] == [[1, 1]] * 4
+    assert [row[:2] for row in two] == [[2, 1], [2, 1], [1, 1], [1, 1]]
+    assert [row[:2] for row in three] == [[3, 1], [3, 1], [1, 1], [1, 1]]
+    assert [row[2] for row in one] == [row[2] for row in two] == [row[2] for row in three]
+
+
 # ------------------------------------------------- the schedule against the interpreter, tiny + huge levels
 
 
@@ -218,8 +236,10 @@ def _check(path, defines, forest, rng, tmp_path_factory, monkeypatch) -> None:
     model, reference = twin_models(module, "cpu", 5, rng)
     inputs = random_inputs(model.cell, forest, rng)
     out, expected = model(forest, grad=True, **inputs), reference(forest, grad=True, **inputs)
+    inference = model(forest, **inputs)
     for name, value in expected.items():
         assert relative_error(out[name], value) < 1e-5, name
+        assert relative_error(inference[name], value) < 1e-5, name
     compare_backward(model, reference, out, expected, rng)
 
 
@@ -246,6 +266,14 @@ def test_levels_shared_by_columns_against_the_interpreter(rng, tmp_path_factory,
     trees = Forest.from_ptb(lines[start : start + 10])
     defines = {"V": 30, "X": 8, "H": 144, "C": 5}
     _check(EXAMPLES / "binary_treelstm.cell", defines, trees, rng, tmp_path_factory, monkeypatch)
+
+
+def test_levels_shared_by_rows_against_the_interpreter(rng, tmp_path_factory, monkeypatch):
+    """The chain LSTM at H=64 on chains of batch 10 (levels shared by rows) and of mixed lengths (levels from
+    1 to 18 rows), exactly the threads the shape asks for."""
+    monkeypatch.setenv("CORTEXC_ADAPT_THREADS", "0")
+    chains = Forest.concat([_chain(50)] * 10 + [_chain(int(n)) for n in rng.integers(2, 40, 8)])
+    _check(EXAMPLES / "lstm.cell", {"X": 7, "H": 64}, chains, rng, tmp_path_factory, monkeypatch)
 
 
 def test_sst_trees_against_the_interpreter(rng, tmp_path_factory, monkeypatch):

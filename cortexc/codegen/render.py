@@ -456,6 +456,7 @@ def _kernel_context(
         "scratch_floats": offset_terms,
         "split": split.period if split is not None else 0,
         "split_macs": sum(s.m * s.k for s in kernel.steps if isinstance(s, Gemm)) if split is not None else 0,
+        "row_macs": sum(s.m * s.k for s in kernel.steps if isinstance(s, Gemm)),
         "staged": staged,
         "accumulates": any(c["kind"] in ("accum_outer", "accum_sum") and "acc" in c for c in steps),
     }
