@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -122,6 +123,22 @@ CxGrad = structure("CxGrad", GRAD_FIELDS)
 CxLaunch = structure("CxLaunch", LAUNCH_FIELDS)
 
 
+#: where every array the kernels stream through vector loads starts: on a cache line (and an AVX-512 vector)
+ALIGN_BYTES = 64
+
+
+def aligned_empty(shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+    """`np.empty` whose data starts on an `ALIGN_BYTES` boundary (numpy aligns to 16). Why: a packed weight at
+    16 mod 64 makes every 64-byte panel load of the GEMM span two cache lines; a chain LSTM of 1000 x 1,
+    whose steps stream the recurrent weight from L2, took 1.65-1.7 ms a forward so and 1.06 ms aligned."""
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + ALIGN_BYTES, np.uint8)
+    start = -raw.ctypes.data % ALIGN_BYTES
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
 def packed_weights(lib: ctypes.CDLL, spec: Mapping[str, Any], params: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     """Every GEMM weight the program names: its params stacked by rows (transposed where the backward
     multiplies by W^T) and packed into panels by the library's own `cx_pack_weight`, on the host. The
@@ -135,7 +152,7 @@ def packed_weights(lib: ctypes.CDLL, spec: Mapping[str, Any], params: Mapping[st
         transposed = weight.get("transposed") or [False] * len(weight["params"])
         parts = [params[p].T if t else params[p] for p, t in zip(weight["params"], transposed)]
         stacked = np.ascontiguousarray(np.concatenate(parts, axis=0), dtype=np.float32)
-        packed = np.empty(lib.cx_packed_floats(weight["m"], weight["k"]), dtype=np.float32)
+        packed = aligned_empty(int(lib.cx_packed_floats(weight["m"], weight["k"])))
         lib.cx_pack_weight(stacked.ctypes.data, weight["m"], weight["k"], packed.ctypes.data)
         packed_all.append(packed)
     return packed_all
