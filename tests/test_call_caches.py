@@ -386,4 +386,3 @@ def test_packed_weights_and_scratch_start_on_a_cache_line(key, modules, rng):
         assert array.dtype == np.float32 and array.ctypes.data % 64 == 0
         assert array.shape == ((shape,) if isinstance(shape, int) else shape)
     assert cpu.aligned_empty((0, 4)).shape == (0, 4)
-
