@@ -194,28 +194,29 @@ def test_the_thread_count_chosen_per_call_changes_no_bit(packages, rng):
 
 def test_small_levels_shared_by_columns_change_no_bit(packages, rng):
     """Chains of batch 7 and 12 have levels of one tile: with 2 or 3 threads each thread runs every row of such a
-    level for the GEMM panels it owns (so the forward goes on all threads; the backward's levels still run
-    alone), with 1 thread one owns them all: the same bits every way. A chain of batch 1 stays on one thread
-    (832 x 208 multiply-adds a row: 7 rows are enough for a split, 1 is not)."""
+    level for the GEMM panels it owns (so the forward goes on all threads; the backward's levels of 7 rows run
+    alone, of 12 are shared by rows), with 1 thread one owns them all: the same bits every way. A chain of
+    batch 1 stays on one thread (832 x 208 multiply-adds a row: 7 rows are enough for a split, 1 is not)."""
     package, cache = packages["lstm_split"]
     seed, shapes = int(rng.integers(0, 2**31)), ((40, 7), (30, 12), (60, 1))
     one, two, three = (_chain_rows(package, cache, threads, seed, shapes) for threads in (1, 2, 3))
     assert [row[:2] for row in one] == [[1, 1]] * 3
-    assert [row[:2] for row in two] == [[2, 1], [2, 1], [1, 1]]
-    assert [row[:2] for row in three] == [[3, 1], [3, 1], [1, 1]]
+    assert [row[:2] for row in two] == [[2, 1], [2, 2], [1, 1]]
+    assert [row[:2] for row in three] == [[3, 1], [3, 3], [1, 1]]
     assert [row[2] for row in one] == [row[2] for row in two] == [row[2] for row in three]
 
 
 def test_small_levels_shared_by_rows_change_no_bit(packages, rng):
-    """Chains of batch 8 and 10 have forward levels of one tile with enough GEMM work (8 x 16384 multiply-adds)
-    that 2 or 3 threads share them in blocks of rows (the backward's levels still run alone); batch 7 and 1
-    stay on one thread. Forward (inference and training), backward: the same bits at 1, 2 and 3 threads."""
+    """Chains of batch 8 and 10 have levels of one tile with enough GEMM work (8 x 16384 multiply-adds forward,
+    8 x 32768 backward) that 2 or 3 threads share them by rows (a forward's in a block per thread, a
+    backward's in two tiles, i.e. two chunks); batch 7 and 1 stay on one thread. Forward (inference and
+    training), backward: the same bits at 1, 2 and 3 threads."""
     package, cache = packages["lstm_rows"]
     seed, shapes = int(rng.integers(0, 2**31)), ((60, 10), (50, 8), (40, 7), (60, 1))
     one, two, three = (_chain_rows(package, cache, threads, seed, shapes) for threads in (1, 2, 3))
     assert [row[:2] for row in one] == [[1, 1]] * 4
-    assert [row[:2] for row in two] == [[2, 1], [2, 1], [1, 1], [1, 1]]
-    assert [row[:2] for row in three] == [[3, 1], [3, 1], [1, 1], [1, 1]]
+    assert [row[:2] for row in two] == [[2, 2], [2, 2], [1, 1], [1, 1]]
+    assert [row[:2] for row in three] == [[3, 3], [3, 3], [1, 1], [1, 1]]
     assert [row[2] for row in one] == [row[2] for row in two] == [row[2] for row in three]
 
 
