@@ -24,7 +24,7 @@ from cortexc.codegen.module import package_name
 from cortexc.codegen.render import environment
 from cortexc.errors import CortexcError, InputError
 from cortexc.ir.cell import Cell
-from cortexc.ir.program import Program, width
+from cortexc.ir.program import Program, hoisted_widths
 from cortexc.options import CompileOptions
 
 #: the flags of the library and programs (as runtime/build.py's, for the same kernels and speed)
@@ -128,7 +128,7 @@ def cell_context(cell: Cell, program: Program, fold: bool = True) -> dict[str, A
             for f in (program.folds if fold else ())
         ],
         "folds_compiled": len(program.folds),
-        "hoisted_widths": [width(cell.pre.values[i]) for _, i in cell.pre.named_results] if cell.pre else [],
+        "hoisted_widths": hoisted_widths(cell),
     }
 
 

@@ -31,7 +31,7 @@ from cortexc.codegen.target import TARGETS
 from cortexc.errors import OutputError
 from cortexc.ir.cell import Cell
 from cortexc.ir.ops import Op
-from cortexc.ir.program import Program, width
+from cortexc.ir.program import Program, hoisted_widths
 from cortexc.ir.signature import cell_signature
 from cortexc.options import CompileOptions
 
@@ -91,7 +91,7 @@ def cell_spec(cell: Cell, program: Program, kernel_files: Mapping[str, str]) -> 
         "states": [{"name": s.name, "shape": list(s.shape)} for s in cell.states],
         "state_shapes": [list(s.shape) for s in cell.states],
         "outputs": [{"name": o.name, "shape": list(o.shape), "at_root": o.at_root} for o in cell.outputs],
-        "hoisted_widths": [width(cell.pre.values[i]) for _, i in cell.pre.named_results] if cell.pre else [],
+        "hoisted_widths": hoisted_widths(cell),
         "packed": [
             {"name": w.name, "params": list(w.params), "m": w.m, "k": w.k, "transposed": list(w.transposed)}
             for w in program.packed

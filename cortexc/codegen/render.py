@@ -50,6 +50,7 @@ from cortexc.ir.program import (
     StoreMode,
     StoreTarget,
     Sweep,
+    hoisted_widths,
     width,
 )
 from cortexc.runtime.abi import LAUNCH_MODES, STRUCTS, c_typedef
@@ -182,7 +183,8 @@ def hoist_window(program: Program, target: Target) -> dict[str, Any] | None:
     megabytes, written to memory by the pre kernel and read back by the levels; a window stays in cache.
     Requires: a pre kernel over every internal node before the up sweep, and no other forward kernel that
     reads hoisted rows (a window holds only the levels being run). A backward's forward keeps every row."""
-    if not target.hoist_window_bytes or program.cell.pre is None:
+    floats = sum(hoisted_widths(program.cell))
+    if not target.hoist_window_bytes or floats == 0:
         return None
     pre = [p for p in program.forward if program.kernel(p.kernel).role == KernelRole.PRE]
     up = [p for p in program.forward if p.sweep == Sweep.UP]
@@ -193,9 +195,6 @@ def hoist_window(program: Program, target: Target) -> dict[str, Any] | None:
     kernels = {p.kernel: program.kernel(p.kernel) for p in program.forward}
     reads = {name for name, k in kernels.items() if any(v.op == Op.HOISTED for v in k.body.values)}
     if not reads <= {up[0].kernel}:
-        return None
-    floats = sum(width(program.cell.pre.values[i]) for _, i in program.cell.pre.named_results)
-    if floats == 0:
         return None
     return {"pre": pre[0].kernel, "node": up[0].kernel, "rows": max(1, target.hoist_window_bytes // (4 * floats))}
 
@@ -443,6 +442,7 @@ def _kernel_context(
         or any(isinstance(s, Store) and s.target in (StoreTarget.PRE, StoreTarget.D_HOISTED) for s in kernel.steps)
         or kernel.adjoints == Adjoints.PRE
     )
+    row_macs = sum(s.m * s.k for s in kernel.steps if isinstance(s, Gemm))  # the GEMMs' multiply-adds per row
     return {
         "name": kernel.name,
         "rows_doc": _ROWS_DOC[kernel.rows],
@@ -455,8 +455,8 @@ def _kernel_context(
         "steps": steps,
         "scratch_floats": offset_terms,
         "split": split.period if split is not None else 0,
-        "split_macs": sum(s.m * s.k for s in kernel.steps if isinstance(s, Gemm)) if split is not None else 0,
-        "row_macs": sum(s.m * s.k for s in kernel.steps if isinstance(s, Gemm)),
+        "split_macs": row_macs if split is not None else 0,
+        "row_macs": row_macs,
         "staged": staged,
         "accumulates": any(c["kind"] in ("accum_outer", "accum_sum") and "acc" in c for c in steps),
     }

@@ -43,6 +43,11 @@ def width(value: Value) -> int:
     return math.prod(value.shape) if value.shape else 1
 
 
+def hoisted_widths(cell: Cell) -> list[int]:
+    """Floats in one row of each hoisted array (the pre body's named results, in order; none without one)."""
+    return [width(cell.pre.values[i]) for _, i in cell.pre.named_results] if cell.pre else []
+
+
 def row_kind(value: Value) -> RowKind:
     """A per-child value has a row per child edge of the tile; anything else a row per node."""
     return RowKind.CHILD if value.domain == Domain.CHILD else RowKind.NODE
