@@ -250,7 +250,8 @@ def test_saturated_scores_agree_with_the_interpreter(device, scores, rng, tmp_pa
     inputs = {"x": x.astype(np.float32), "s": s.astype(np.float32)}
     out, expected = model(forest, grad=True, **inputs), interp(forest, grad=True, **inputs)
     for k in expected:
-        np.testing.assert_allclose(out[k], expected[k], rtol=RTOL, atol=1e-5, equal_nan=True, err_msg=k)
+        atol = _term_scaled(expected[k], 1e-5, RTOL)
+        np.testing.assert_allclose(out[k], expected[k], rtol=RTOL, atol=atol, equal_nan=True, err_msg=k)
     if scores == "inf":
         assert np.isnan(expected["h"][n - 1]).all()  # +inf among finite scores: NaN, as torch.softmax
         finite = ~np.isnan(expected["h"]).any(axis=1)
@@ -258,7 +259,18 @@ def test_saturated_scores_agree_with_the_interpreter(device, scores, rng, tmp_pa
     upstream = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in expected.items()}
     grads, expected_grads = model.backward(out, upstream), interp.backward(expected, upstream)
     for k in expected_grads:
-        np.testing.assert_allclose(grads[k], expected_grads[k], rtol=RTOL, atol=1e-4, equal_nan=True, err_msg=k)
+        atol = _term_scaled(expected_grads[k], 1e-4, 1e-4)
+        np.testing.assert_allclose(grads[k], expected_grads[k], rtol=RTOL, atol=atol, equal_nan=True, err_msg=k)
+
+
+def _term_scaled(expected: np.ndarray, floor: float, relative: float) -> float:
+    """An absolute tolerance in proportion to the array's largest finite value. With scores and states of
+    ±100 a small result is often the difference of terms of hundreds (x = -100 plus children's +100), so
+    float32 rounding of those terms, in any summation order, leaves ~1e-5 of it; elementwise tolerances
+    failed ~1.4% of seeds (2.3e-5 on a forward h of 1, 4e-4 on a gradient of 6). Measured over 3000 seeds:
+    the error is at most 1.4e-7 (forward) and 1.6e-5 (backward) of the array's largest value."""
+    finite = np.abs(expected[np.isfinite(expected)])
+    return max(floor, relative * float(finite.max())) if finite.size else floor
 
 
 # ----------------------------------------------------------------------------- the language
