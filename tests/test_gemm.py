@@ -12,6 +12,8 @@ import jinja2
 import numpy as np
 import pytest
 
+from cortexc.codegen.target import C_GEMM_ISAS
+
 TEMPLATES = Path(__file__).resolve().parents[1] / "cortexc" / "codegen" / "templates"
 RTOL = 1e-5
 
@@ -76,19 +78,21 @@ NATIVE = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-Wall", "-Wex
 # No -march and ISO C99: the vector extensions must still compile (as SSE / scalar code) and stay correct.
 GENERIC = ["-O2", "-std=c99", "-fopenmp", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror"]
 
-# (name, nr, mr, gcc flags)
+# (name, nr, mr, vregs, gcc flags): every build the C target emits (target.gemm_isas), each compiled here with
+# -march=native whatever its ISA (a vector wider than the machine's is split by gcc), and odd shapes
 BUILDS = [
-    ("avx512-nr16-mr8", 16, 8, NATIVE),
-    ("avx2-nr8-mr6", 8, 6, NATIVE),
-    ("portable-nr4-mr6", 4, 6, NATIVE),
-    ("generic-c99-nr8-mr5", 8, 5, GENERIC),
-    ("generic-c99-nr4-mr3", 4, 3, GENERIC),
-]
+    *((f"isa-{i}-nr{isa.nr}-mr{isa.mr}-v{isa.vregs}", isa.nr, isa.mr, isa.vregs, NATIVE)
+      for i, isa in enumerate(C_GEMM_ISAS)),
+    ("generic-c99-nr8-mr5", 8, 5, 16, GENERIC),
+    ("generic-c99-nr4-mr3", 4, 3, 32, GENERIC),
+]  # fmt: skip
 
 
-def render(nr: int, mr: int) -> str:
+def render(nr: int, mr: int, vregs: int = 32) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined)
-    return env.get_template("gemm.h.j2").render(nr=nr, mr=mr) + env.get_template("gemm_tn.h.j2").render()
+    return env.get_template("gemm.h.j2").render(nr=nr, mr=mr, vregs=vregs) + env.get_template("gemm_tn.h.j2").render(
+        vregs=vregs
+    )
 
 
 class Kernel:
@@ -162,16 +166,19 @@ def _fp(a: np.ndarray):
 
 @pytest.fixture(scope="module", params=BUILDS, ids=[b[0] for b in BUILDS])
 def kernel(request, tmp_path_factory) -> Kernel:
-    name, nr, mr, flags = request.param
-    d = tmp_path_factory.mktemp(name)
-    (d / "gemm.h").write_text(render(nr, mr))
+    name, nr, mr, vregs, flags = request.param
+    k = _compile(tmp_path_factory.mktemp(name), render(nr, mr, vregs), flags)
+    assert (k.nr, k.mr) == (nr, mr)
+    return k
+
+
+def _compile(d: Path, header: str, flags: list[str]) -> Kernel:
+    (d / "gemm.h").write_text(header)
     (d / "harness.c").write_text(HARNESS)
     so = d / "harness.so"
     proc = subprocess.run(["gcc", *flags, "-o", str(so), str(d / "harness.c")], capture_output=True, text=True)
-    assert proc.returncode == 0, f"gcc failed for {name}:\n{proc.stderr}"
-    k = Kernel(so)
-    assert (k.nr, k.mr) == (nr, mr)
-    return k
+    assert proc.returncode == 0, f"gcc failed for {d.name}:\n{proc.stderr}"
+    return Kernel(so)
 
 
 def gathered(rng, rows: int, K: int, n_state: int = 13):
@@ -338,3 +345,45 @@ def test_gemm_tn_matches_numpy(kernel, M, rng):
             want = acc0 + a.T @ b
             terms = np.abs(acc0) + np.abs(a).T @ np.abs(b)
             check_close(acc, want, f"tn rows={rows} M={M} K={K}", terms)
+
+
+def test_the_isa_builds_agree_bitwise(tmp_path_factory, rng):
+    """The C target compiles one of its GEMM builds per machine (the first whose ISA the -march has): each
+    element is one FMA chain over k (or over rows) in order whatever the panel width or tile, so every build
+    gives the same bits, and a package's results do not depend on the machine's vector width."""
+    kernels = [
+        _compile(tmp_path_factory.mktemp(f"isa{i}"), render(isa.nr, isa.mr, isa.vregs), NATIVE)
+        for i, isa in enumerate(C_GEMM_ISAS)
+    ]
+    M, K = 256, 64  # a chain LSTM's recurrent GEMM, and its weight gradient
+    W = rng.standard_normal((M, K)).astype(np.float32)
+    for rows in (1, 5, 6, 8, 32, 100):
+        A, idx = gathered(rng, rows, K, n_state=128)
+        G, X = rng.standard_normal((rows, M)).astype(np.float32), rng.standard_normal((rows, K)).astype(np.float32)
+        products, grads = [], []
+        for kernel in kernels:
+            c = np.zeros((rows, M), np.float32)
+            kernel.gemm(A, idx, kernel.pack(W), M, K, c, 0)
+            acc = np.zeros((M, K), np.float32)
+            kernel.gemm_tn(G, np.arange(rows), X, np.arange(rows), acc)
+            products.append(c)
+            grads.append(acc)
+        for isa, c, g in zip(C_GEMM_ISAS[1:], products[1:], grads[1:]):
+            np.testing.assert_array_equal(c, products[0], err_msg=f"{isa} rows={rows}")
+            np.testing.assert_array_equal(g, grads[0], err_msg=f"{isa} rows={rows} (tn)")
+
+
+@pytest.mark.parametrize("K, M", [(7, 36), (9, 36), (64, 256), (300, 150)])
+def test_a_row_gets_the_same_bits_in_a_call_of_any_height(kernel, K, M, rng):
+    """A level's rows are GEMM calls of 1..hundreds of rows (and windows, tiles, thread shares cut them
+    differently): each row's product must be bitwise the same in every one. Caught gcc's Zen tuning splitting
+    the FMA of the one-accumulator tiles (1 row) into a multiply and an add."""
+    W = rng.standard_normal((M, K)).astype(np.float32)
+    packed = kernel.pack(W)
+    A = rng.standard_normal((100, K)).astype(np.float32)
+    full = np.zeros((100, M), np.float32)
+    kernel.gemm(A, np.arange(100), packed, M, K, full, 0)
+    for rows in range(1, 20):
+        c = np.zeros((rows, M), np.float32)
+        kernel.gemm(A, np.arange(rows), packed, M, K, c, 0)
+        np.testing.assert_array_equal(c, full[:rows], err_msg=f"rows={rows}")

@@ -6,13 +6,25 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class GemmIsa:
+    """One build of the C GEMM micro-kernels, chosen by the preprocessor when the package's C is compiled on
+    the user's machine (`-march=native`): a 16-float panel on a 16-register ISA spills its accumulators
+    (measured on Zen 3, AVX2: the chain LSTM 30x slower than with 8-float panels)."""
+
+    condition: str  # a preprocessor expression that selects it; the last one is the fallback ("1")
+    nr: int  # panel width in floats: the vector width
+    mr: int  # rows per register tile
+    vregs: int  # vector registers, which bound the accumulators of a tile
+
+
+@dataclass(frozen=True)
 class Target:
     name: str
     source_suffix: str
     helper: str  # qualifiers of small math helpers
     restrict: str
-    gemm_nr: int  # GEMM panel width in floats (the SIMD width for C)
-    gemm_mr: int  # GEMM rows per register tile
+    gemm_nr: int  # GEMM panel width in floats (CUDA; C takes it from gemm_isas)
+    gemm_mr: int  # GEMM rows per register tile (CUDA)
     tile_rows: int  # rows (nodes) per tile inside a kernel
     private_accumulators: bool  # per-tile weight gradients summed per chunk (C) or added atomically (CUDA)
     threads_per_block: int = 1  # CUDA: threads that share a tile
@@ -24,6 +36,17 @@ class Target:
     fold_lookups: bool = False  # C: GEMMs of table rows may read a folded table in an inference (passes.fold)
     hoist_window_bytes: int = 0  # C: an inference computes its hoisted rows a window of levels at a time, in
     # a buffer of about this size that stays in cache (0: all rows before the recursion)
+    gemm_isas: tuple[GemmIsa, ...] = ()  # C: the GEMM builds, the first whose condition holds is compiled
+
+
+#: C's GEMM per vector ISA. Results do not depend on which one runs: every element is one sum over k in
+#: order whatever the panel width or tile (tests/test_gemm_isa.py checks the builds bitwise against each other).
+C_GEMM_ISAS = (
+    GemmIsa("defined(__AVX512F__)", nr=16, mr=8, vregs=32),
+    GemmIsa("defined(__AVX__)", nr=8, mr=6, vregs=16),
+    GemmIsa("defined(__aarch64__)", nr=4, mr=8, vregs=32),
+    GemmIsa("1", nr=4, mr=6, vregs=16),
+)
 
 
 #: C: weight gradients deferred when m * k / (m + k) >= 96 (e.g. 450 x 300: 180; 256 x 64: 51). Below it the
@@ -31,13 +54,13 @@ class Target:
 #: per row (measured: benchmarks/results/cpu_deferred.txt, the chain LSTM at H=64 is 10% slower deferred)
 DEFER_MIN_WIDTH_C = 96
 
-#: gcc with OpenMP; `-march=native` picks AVX-512 or AVX2 for the vector extensions of the GEMM.
+#: gcc with OpenMP; `-march=native` picks the GEMM build (gemm_isas) and the vector extensions' instructions.
 C = Target(
     name="c",
     source_suffix=".c",
     helper="static inline",
     restrict="__restrict__",
-    gemm_nr=16,
+    gemm_nr=16,  # only the column granule's unit: the panels are gemm_isas' (16 is a multiple of each)
     gemm_mr=8,
     tile_rows=32,
     private_accumulators=True,
@@ -50,6 +73,7 @@ C = Target(
     # half of a 1-2 MiB L2: a chain LSTM of 1000 x 10 (10 MB of hoisted rows) ran 1.37x faster with a window
     # of 256 rows (256 KiB) than with all of them written before the recursion and read back from L3
     hoist_window_bytes=512 * 1024,
+    gemm_isas=C_GEMM_ISAS,
 )
 
 #: nvcc; a tile of a level is one thread block, its threads share the rows x columns of every step.
