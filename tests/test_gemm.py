@@ -12,7 +12,7 @@ import jinja2
 import numpy as np
 import pytest
 
-from cortexc.codegen.target import C_GEMM_ISAS
+from cortexc.codegen.target import C_GEMM_ISAS, C
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "cortexc" / "codegen" / "templates"
 RTOL = 1e-5
@@ -387,3 +387,9 @@ def test_a_row_gets_the_same_bits_in_a_call_of_any_height(kernel, K, M, rng):
         c = np.zeros((rows, M), np.float32)
         kernel.gemm(A, np.arange(rows), packed, M, K, c, 0)
         np.testing.assert_array_equal(c, full[:rows], err_msg=f"rows={rows}")
+
+
+def test_a_column_share_is_whole_panels_in_every_build():
+    """Threads sharing a level by columns own runs of `column_granule` columns: whole panels only if every
+    build's panel width divides it."""
+    assert C.gemm_isas == C_GEMM_ISAS and all(C.column_granule % isa.nr == 0 for isa in C.gemm_isas)

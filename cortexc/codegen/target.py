@@ -23,8 +23,6 @@ class Target:
     source_suffix: str
     helper: str  # qualifiers of small math helpers
     restrict: str
-    gemm_nr: int  # GEMM panel width in floats (CUDA; C takes it from gemm_isas)
-    gemm_mr: int  # GEMM rows per register tile (CUDA)
     tile_rows: int  # rows (nodes) per tile inside a kernel
     private_accumulators: bool  # per-tile weight gradients summed per chunk (C) or added atomically (CUDA)
     threads_per_block: int = 1  # CUDA: threads that share a tile
@@ -37,10 +35,12 @@ class Target:
     hoist_window_bytes: int = 0  # C: an inference computes its hoisted rows a window of levels at a time, in
     # a buffer of about this size that stays in cache (0: all rows before the recursion)
     gemm_isas: tuple[GemmIsa, ...] = ()  # C: the GEMM builds, the first whose condition holds is compiled
+    gemm_nr: int = 0  # CUDA: the GEMM's panel width in floats (the packing of its weights)
+    gemm_mr: int = 0  # CUDA: rows per register tile
 
 
 #: C's GEMM per vector ISA. Results do not depend on which one runs: every element is one sum over k in
-#: order whatever the panel width or tile (tests/test_gemm_isa.py checks the builds bitwise against each other).
+#: order whatever the panel width or tile (tests/test_gemm.py checks the builds bitwise against each other).
 C_GEMM_ISAS = (
     GemmIsa("defined(__AVX512F__)", nr=16, mr=8, vregs=32),
     GemmIsa("defined(__AVX__)", nr=8, mr=6, vregs=16),
@@ -60,12 +60,10 @@ C = Target(
     source_suffix=".c",
     helper="static inline",
     restrict="__restrict__",
-    gemm_nr=16,  # only the column granule's unit: the panels are gemm_isas' (16 is a multiple of each)
-    gemm_mr=8,
     tile_rows=32,
     private_accumulators=True,
     column_split=True,
-    column_granule=16,  # a GEMM panel (gemm_nr): each thread's columns are whole panels of the packed weights
+    column_granule=16,  # each thread's columns are whole GEMM panels of every gemm_isas build (a multiple of each nr)
     whole_width_copy=True,  # most calls (and every level below the threshold) run whole: no per-panel loops
     defer_outer_products=True,
     defer_min_width=DEFER_MIN_WIDTH_C,
