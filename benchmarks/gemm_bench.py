@@ -9,7 +9,7 @@ The cx rows are gathered through row pointers into a state array (random child i
 code does; torch multiplies an already-contiguous activation matrix, so the gather is free for it.
 Packing W is done once, outside the timing (weights are packed at load time).
 
-    python benchmarks/gemm_bench.py [--nr 16] [--mr 8] [--repeats 15] [--shapes '256,600,1280;...']
+    python benchmarks/gemm_bench.py [--nr 16] [--mr 8] [--vregs 32] [--repeats 15] [--shapes '256,600,1280;...']
 """
 
 from __future__ import annotations
@@ -77,9 +77,9 @@ double bench_run(int rows, const float *S, const int *idx, int K, const float *p
 """
 
 
-def build(nr: int, mr: int, workdir: Path, extra_flags: list[str]) -> ctypes.CDLL:
+def build(nr: int, mr: int, vregs: int, workdir: Path, extra_flags: list[str]) -> ctypes.CDLL:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined)
-    (workdir / "gemm.h").write_text(env.get_template("gemm.h.j2").render(nr=nr, mr=mr))
+    (workdir / "gemm.h").write_text(env.get_template("gemm.h.j2").render(nr=nr, mr=mr, vregs=vregs))
     (workdir / "bench.c").write_text(HARNESS)
     so = workdir / "bench.so"
     cmd = [
@@ -178,6 +178,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nr", type=int, default=16, help="panel width in floats (16 AVX-512, 8 AVX2, 4 portable)")
     ap.add_argument("--mr", type=int, default=8, help="rows per register tile")
+    ap.add_argument("--vregs", type=int, default=32, help="vector registers of the ISA (32 AVX-512/NEON, 16 AVX2)")
     ap.add_argument("--repeats", type=int, default=31, help="timed samples per cell (median and best are reported)")
     ap.add_argument("--cflags", default="", help="extra gcc flags, e.g. -DCX_GEMM_L2_BYTES=262144")
     ap.add_argument("--shapes", default="", help="subset, e.g. '16,300,750;256,600,1280' (default: all)")
@@ -188,7 +189,7 @@ def main() -> None:
 
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(prefix="cx_gemm_bench_") as tmp:
-        lib = build(args.nr, args.mr, Path(tmp), args.cflags.split())
+        lib = build(args.nr, args.mr, args.vregs, Path(tmp), args.cflags.split())
         print(
             f"cx_gemm nr={args.nr} mr={args.mr} {args.cflags}  cores={os.cpu_count()}  "
             f"load average before: {os.getloadavg()[0]:.2f}"

@@ -404,10 +404,12 @@ OPS: dict[Op, OpDef] = {
             "cx_sigmoid({0})",
             _d_sigmoid,
             0.5,
-            # expf(-|x|) is in (0, 1]: never the 1 / (1 + inf) that fast-math's vectorised reciprocal turns to NaN
+            # exp(-|x|) is in [0, 1]: never the 1 / (1 + inf) that fast-math's vectorised reciprocal turns to NaN;
+            # for x >= 0, 1 - t with t = e / (1 + e), not the reciprocal itself, whose rcp + Newton step gives
+            # 0.99999994 for 1 / 1 (then 1 - s is not 0 for a saturated x: silu's derivative at 1e30)
             c_helper=(
-                "float cx_sigmoid(float x) { const float e = expf(-fabsf(x)), r = 1.0f / (1.0f + e);"
-                " return x >= 0.0f ? r : e * r; }"
+                "float cx_sigmoid(float x) { const float e = expf(-fabsf(x)), t = e * (1.0f / (1.0f + e));"
+                " return x >= 0.0f ? 1.0f - t : t; }"
             ),
         ),
         OpDef(Op.TANH, _U, "tanh", same_shape, np.tanh, "tanhf({0})", _d_tanh, 0.0),
@@ -446,9 +448,9 @@ OPS: dict[Op, OpDef] = {
             "cx_silu({0})",
             _d_silu,
             0.0,
-            c_helper=(  # x * sigmoid(x), the sigmoid as cx_sigmoid's (no inf in a denominator)
-                "float cx_silu(float x) { const float e = expf(-fabsf(x)), r = 1.0f / (1.0f + e);"
-                " return x * (x >= 0.0f ? r : e * r); }"
+            c_helper=(  # x * sigmoid(x), the sigmoid as cx_sigmoid's (no inf in a denominator, exactly 1 saturated)
+                "float cx_silu(float x) { const float e = expf(-fabsf(x)), t = e * (1.0f / (1.0f + e));"
+                " return x * (x >= 0.0f ? 1.0f - t : t); }"
             ),
         ),
         OpDef(
