@@ -28,7 +28,7 @@ from cortexc.codegen.exprs import (
 )
 from cortexc.codegen.target import Target
 from cortexc.ir.cell import Cell
-from cortexc.ir.ops import OPS, Op
+from cortexc.ir.ops import ELEMENTWISE_OPS, OPS, Op
 from cortexc.ir.program import (
     AccumOuter,
     AccumSum,
@@ -39,6 +39,7 @@ from cortexc.ir.program import (
     KernelRole,
     Loop,
     Phase,
+    PlaceKind,
     Program,
     Reduce,
     RowKind,
@@ -51,6 +52,7 @@ from cortexc.ir.program import (
     StoreTarget,
     Sweep,
     hoisted_widths,
+    slice_offset,
     width,
 )
 from cortexc.runtime.abi import LAUNCH_MODES, STRUCTS, c_typedef
@@ -513,6 +515,31 @@ def _count(rows: RowKind) -> str:
     return "n" if rows == RowKind.NODE else "ne"
 
 
+def _pad_spans(kernel: Kernel, index: int, loop_width: int) -> list[tuple[int, int]]:
+    """The column ranges of a loop over value `index` between which no padded term (a slice's gradient put
+    back in place: `pad`) starts or ends, when the value's inlined expression adds such terms (an LSTM's
+    gate gradients make one [4H] row of four [H] ones). A loop per range lets the compiler drop every term
+    that is 0 there (its condition on j is decided by the loop's bounds) instead of computing each
+    element's four terms and selecting one; one range otherwise."""
+    values, places = kernel.body.values, kernel.places
+    cuts = {0, loop_width}
+    stack, seen = [index], set()
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        value = values[current]
+        if value.op == Op.PAD:
+            lo = slice_offset(values[value.args[0]], value.attr("lo"))
+            cuts.update({lo, lo + width(values[value.args[0]])})
+        elif value.op not in ELEMENTWISE_OPS:
+            continue  # a slice, a transpose, an outer product: its columns are not the loop's
+        stack.extend(a for a in value.args if places[a].kind == PlaceKind.INLINE and width(values[a]) == loop_width)
+    ends = sorted(c for c in cuts if 0 <= c <= loop_width)
+    return list(zip(ends, ends[1:]))
+
+
 def _step_context(exprs: KernelExprs, kernel: Kernel, step) -> dict[str, Any]:
     values = kernel.body.values
     if isinstance(step, Gemm):
@@ -538,6 +565,7 @@ def _step_context(exprs: KernelExprs, kernel: Kernel, step) -> dict[str, Any]:
             "column": step.column,
             "width": step.width,
             "expr": render(step.value, step.rows, "i", "j"),
+            "spans": _pad_spans(kernel, step.value, step.width) if step.compute else [(0, step.width)],
         }
     if isinstance(step, Reduce):
         value = values[step.value]

@@ -177,6 +177,28 @@ def _accumulation_terms(
     return [(index, row_kind(value) if rows == RowKind.NODE else rows)]
 
 
+def _element_uses(body: Body, uses: list[int]) -> list[int]:
+    """How many times an element of each value is read, at most: a slice reads only its own elements, so
+    a value read by slices that do not overlap, each used once, has each element read once (an LSTM's
+    gate pre-activations ``g``, sliced into four gates: inlined into the gate loops, never stored), and one
+    whose slice is used twice is read twice (materialised: not computed twice inline)."""
+    values = body.values
+    counts = list(uses)
+    slices: dict[int, list[int]] = defaultdict(list)
+    for index, value in enumerate(values):
+        if value.op == Op.SLICE:
+            slices[value.args[0]].append(index)
+    for base in sorted(slices, reverse=True):  # a slice of a slice comes after it: counted first
+        views = slices[base]
+        per_element = [0] * width(values[base])
+        for view in views:
+            lo = slice_offset(values[base], values[view].attr("lo"))
+            for column in range(lo, lo + width(values[view])):
+                per_element[column] += counts[view]
+        counts[base] = uses[base] - len(views) + max(per_element, default=0)
+    return counts
+
+
 #: where a gradient result goes, and how it is written there (param gradients are accumulated instead)
 _GRADIENT_STORES = {
     GradKind.STATE: (StoreTarget.D_STATE, StoreMode.ADD, RowKind.NODE),
@@ -196,6 +218,7 @@ def _kernel(role: KernelRole, rows: Rows, body: Body, cell: Cell, packed: dict, 
             uses[arg] += 1
     for _, index in body.results:
         uses[index] += 1
+    element_uses = _element_uses(body, uses)
     groups = _gemm_groups(body)
     in_gemm = {member: operand for operand, members in groups.items() for member in members}
 
@@ -318,7 +341,7 @@ def _kernel(role: KernelRole, rows: Rows, body: Body, cell: Cell, packed: dict, 
             # dropout in its own loop: one that gcc vectorises (not scalar Philox inside a padded gradient or a
             # staged add) and that codegen versions on the train flag (evaluation mode: a copy, no mask work)
             masked = OPS[op].identity is not None if op in OPS else False
-            if needs_address[index] or (uses[index] >= 2 and op != Op.NEG) or too_deep or masked:
+            if needs_address[index] or (element_uses[index] >= 2 and op != Op.NEG) or too_deep or masked:
                 materialize(index, value)
             else:
                 places.append(Place(PlaceKind.INLINE))
