@@ -720,3 +720,20 @@ def test_a_build_says_it_is_building_on_a_terminal_only(tmp_path, monkeypatch, c
     assert capsys.readouterr().err.startswith("cortexc: building told with gcc (once: cached in ")
     build.build_shared(OTHER, "told")  # from the cache: nothing to say
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("machine, x86", [("x86_64", True), ("AMD64", True), ("aarch64", False), ("ppc64le", False)])
+def test_the_vector_width_flag_is_given_on_x86_only(machine, x86, monkeypatch):
+    """`-mprefer-vector-width=512` (16-lane loops on AVX-512) is an x86 option: gcc and clang for other
+    machines reject it, so there the build must not pass it."""
+    import platform
+
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    try:
+        reloaded = importlib.reload(build)
+        assert ("-mprefer-vector-width=512" in reloaded.C_FLAGS) == x86
+        assert "-march=native" in reloaded.C_FLAGS and "-ffast-math" in reloaded.C_FLAGS
+    finally:
+        monkeypatch.undo()
+        importlib.reload(build)
+    assert ("-mprefer-vector-width=512" in build.C_FLAGS) == (platform.machine().lower() in ("x86_64", "amd64"))

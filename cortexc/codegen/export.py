@@ -28,10 +28,8 @@ from cortexc.ir.program import Program, hoisted_widths
 from cortexc.options import CompileOptions
 
 #: the flags of the library and programs (as runtime/build.py's, for the same kernels and speed)
-C_FLAGS = (
-    "-O3 -march=native -mprefer-vector-width=512 -ffast-math -fopenmp -std=gnu11 -Wall -Wno-unused-function "
-    "-Wno-unused-variable"
-)
+#: (the Makefile adds runtime/build.py's -mprefer-vector-width=512 where `uname -m` is an x86 one)
+C_FLAGS = "-O3 -march=native -ffast-math -fopenmp -std=gnu11 -Wall -Wno-unused-function -Wno-unused-variable"
 #: the flags of `make sanitize` (the `_run` programs built with AddressSanitizer and UBSan)
 SANITIZE_FLAGS = (
     "-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all -fopenmp -std=gnu11 "

@@ -18,6 +18,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -30,13 +31,16 @@ from cortexc.errors import BuildError, OutputError
 
 #: -ffast-math in full: glibc declares its vector expf/tanhf (libmvec) only under __FAST_MATH__, which any
 #: -fno-* refinement undefines; the kernels use -FLT_MAX, not -INFINITY, as the identity of max for that reason.
-#: -mprefer-vector-width=512: on an AVX-512 CPU gcc otherwise vectorises loops 8 floats wide (its tuning for
-#: Intel's server cores), and libmvec's 8-lane expf; 16 lanes ran the chain LSTM's forward 1.2-1.27x faster
-#: (Sapphire Rapids, H=64; the GEMM micro-kernels are 16 wide either way). Without AVX-512 it changes nothing.
+#: -mprefer-vector-width=512 (x86 only: gcc and clang reject it elsewhere): on an AVX-512 CPU gcc otherwise
+#: vectorises loops 8 floats wide (its tuning for Intel's server cores), and libmvec's 8-lane expf; 16 lanes
+#: ran the chain LSTM's forward 1.2-1.27x faster (Sapphire Rapids, H=64; the GEMM micro-kernels are 16 wide
+#: either way). Without AVX-512 it changes nothing.
+X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+VECTOR_WIDTH_FLAGS = ("-mprefer-vector-width=512",) if X86 else ()
 C_FLAGS = (
     "-O3",
     "-march=native",
-    "-mprefer-vector-width=512",
+    *VECTOR_WIDTH_FLAGS,
     "-fopenmp",
     "-ffast-math",
     "-fPIC",
