@@ -69,12 +69,17 @@ def median_ms(fn: Callable[[], Any], repeats: int) -> float:
 
 def interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
     """Median ms per call of each function, timed in turn within every repeat, so that a machine whose
-    load changes during the run (other jobs) weighs on all of them alike."""
+    load changes during the run (other jobs) weighs on all of them alike. Each timed call follows an untimed
+    call of the same function: so every one is measured after itself, in its steady state, not after
+    whichever call the order puts before it (measured, Sapphire Rapids: cortexc's 100x100 forward right after
+    a torch.nn.LSTM training step took 3.7-3.8 ms, after its own call or torch's forward 3.2-3.3 ms; the
+    order gave that to cortexc's forward and never to torch's)."""
     for fn in fns.values():
         fn()  # warm-up
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
+            fn()  # untimed: the timed call below follows its own kind
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
@@ -220,7 +225,7 @@ def main() -> None:
     load = os.getloadavg()[0]
     print(f"chain LSTM X={ARGS.x} H={ARGS.hidden}, {ARGS.threads} threads (cortexc and torch); ms per call")
     print(
-        f"(median of {ARGS.repeats}, implementations interleaved; "
+        f"(median of {ARGS.repeats}, implementations interleaved, each call timed after an untimed one of its own; "
         f"1-min load average {load:.2f} on {os.cpu_count()} CPUs)"
     )
     header = f"{'T':>5} {'B':>4} {'what':<6} {'cortexc':>9} {'torch':>9} {'speed-up':>8}"
