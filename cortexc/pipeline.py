@@ -118,8 +118,10 @@ def schedule_stage(cells: tuple[Cell, ...], job: Job) -> tuple[Program, ...]:
 
 def target_stage(programs: tuple[Program, ...], job: Job) -> tuple[tuple[TargetProgram, ...], ...]:
     """Requires: scheduled programs. Guarantees: per cell, one program per target of the options, after
-    that target's program passes: the column split (`passes.columns.split_columns`) for a target that
-    shares small levels among blocks by columns (`Target.column_split`), deferred weight gradients
+    that target's program passes: saved activations (`passes.saving`) for one whose training forward keeps
+    what the gradient kernels read (`Target.save_activations`), the column split
+    (`passes.columns.split_columns`) for a target that shares small levels
+    among blocks by columns (`Target.column_split`), deferred weight gradients
     (`passes.deferred`) for one that computes them after the recursion (`Target.defer_outer_products`),
     folded look-up projections (`passes.fold`) for one whose inferences may read folded tables
     (`Target.fold_lookups`)."""
@@ -127,12 +129,15 @@ def target_stage(programs: tuple[Program, ...], job: Job) -> tuple[tuple[TargetP
     from cortexc.passes.columns import split_columns
     from cortexc.passes.deferred import defer_outer_products
     from cortexc.passes.fold import fold_lookups
+    from cortexc.passes.saving import save_activations
 
     per_cell = []
     for program in programs:
         variants = []
         for name in job.options.targets:
             target, variant = TARGETS[name], program
+            if target.save_activations:
+                variant = save_activations(variant)
             if target.column_split:
                 variant = split_columns(variant, target.column_granule)
             if target.defer_outer_products:

@@ -168,6 +168,12 @@ class _Runner:
         self._fold_key: tuple[tuple[int, int], ...] | None = None
         self._fold_weights: tuple[list[np.ndarray], list[np.ndarray]] | None = None
         self.dropout_sites = int(self.spec.get("dropout_sites", 0))  # 0: training mode changes nothing
+        # what a training forward keeps for its backward (`passes.saving`: the C program's; device runners
+        # run their own target's kernels, which save nothing)
+        cpu = isinstance(self.executor, CpuExecutor)
+        saved = self.spec.get("saved", []) if cpu else []
+        self.saved_widths: list[int] = [int(v["width"]) for v in saved]
+        self.saved_rows = [(int(v["width"]), v["rows"] == "internal") for v in saved]
         self.repacks = 0  # how often the weights were packed (tests: only when a param changed)
 
     def prepare(self, params: Sequence[Tensor], stream: int = 0) -> None:
@@ -295,16 +301,19 @@ def cell_forward(
     train: bool,
     dropout_seed: Tensor,
     fold: bool = False,
+    keep: bool = True,
 ) -> list[Tensor]:
-    """Every state ([N + 1] rows, the last zero), every hoisted row set, then every output (ABI order);
-    with ``train``, the dropout masks of the int64 ``dropout_seed`` (mod 2^64). ``fold``: the caller knows
-    no backward follows (`CellModule.forward`), so a CPU runner may build and read folded look-up
-    projections (bitwise the same results; the flag only keeps training forwards from paying for tables)."""
+    """Every state ([N + 1] rows, the last zero), every hoisted row set, every saved activation array
+    (`passes.saving`, a CPU runner's: [N, width] with ``keep``, else no rows), then every output (ABI
+    order); with ``train``, the dropout masks of the int64 ``dropout_seed`` (mod 2^64). ``fold``: the caller
+    knows no backward follows (`CellModule.forward`), so a CPU runner may build and read folded look-up
+    projections (bitwise the same results; the flag only keeps training forwards from paying for tables).
+    ``keep``: a backward may follow, so the kernels keep what it reads (else nothing is saved)."""
     runner = _runner(handle)
     stream = runner.stream()
     runner.prepare(params, stream)
-    results = _forward_shapes(runner, params, level_order, roots, internal, fake=False)
-    states, hoisted, outputs = _split(runner, results)
+    results = _forward_shapes(runner, params, level_order, roots, internal, fake=False, keep=keep)
+    states, hoisted, activations, outputs = _split(runner, results)
     lin = _linearized(level_order, level_ptr, edge_ptr, edge_child, roots)
     _check_linearized(runner, lin)
     inputs = _kernel_inputs(runner, inputs, check=True)
@@ -333,6 +342,7 @@ def cell_forward(
         packed=packed,
         dropout=_dropout(train, dropout_seed),
         folded=folded,
+        activations=[a.numpy() for a in activations] if keep else None,
     )
     return results
 
@@ -343,7 +353,13 @@ def _addresses(tensors: Sequence[Tensor | None]) -> list[int]:
 
 
 def _forward_shapes(
-    runner: _Runner, params: Sequence[Tensor], level_order: Tensor, roots: Tensor, internal: Tensor, fake: bool
+    runner: _Runner,
+    params: Sequence[Tensor],
+    level_order: Tensor,
+    roots: Tensor,
+    internal: Tensor,
+    fake: bool,
+    keep: bool = True,
 ) -> list[Tensor]:
     """The forward's results, allocated by torch on the params' device: states zeroed (row N is the
     kernels' zero row)."""
@@ -358,13 +374,19 @@ def _forward_shapes(
 
     states = [(empty if fake else zeros)((n + 1, *s), dtype=torch.float32) for s in runner.spec["state_shapes"]]
     hoisted = [empty((i, width), dtype=torch.float32) for width in runner.spec["hoisted_widths"]]
+    saved = [  # every row written by the kernels (one per internal node or leaf), or none without `keep`
+        empty(((i if internal_rows else n - i) if keep else 0, width), dtype=torch.float32)
+        for width, internal_rows in runner.saved_rows
+    ]
     outputs = [empty(((r if o["at_root"] else n), *o["shape"]), dtype=torch.float32) for o in runner.spec["outputs"]]
-    return states + hoisted + outputs
+    return states + hoisted + saved + outputs
 
 
-def _split(runner: _Runner, results: Sequence[Tensor]) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
-    ns, nh = len(runner.states), len(runner.spec["hoisted_widths"])
-    return list(results[:ns]), list(results[ns : ns + nh]), list(results[ns + nh :])
+def _split(runner: _Runner, results: Sequence[Tensor]) -> tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor]]:
+    """The forward's results as states, hoisted rows, saved activations and outputs."""
+    ns, nh, nv = len(runner.states), len(runner.spec["hoisted_widths"]), len(runner.saved_widths)
+    kept = ns + nh + nv
+    return list(results[:ns]), list(results[ns : ns + nh]), list(results[ns + nh : kept]), list(results[kept:])
 
 
 @cell_forward.register_fake
@@ -381,8 +403,9 @@ def _cell_forward_fake(
     train,
     dropout_seed,
     fold=False,
+    keep=True,
 ):
-    return _forward_shapes(_runner(handle), params, level_order, roots, internal, fake=True)
+    return _forward_shapes(_runner(handle), params, level_order, roots, internal, fake=True, keep=keep)
 
 
 @torch.library.custom_op("cortexc::cell_backward", mutates_args=())
@@ -398,13 +421,15 @@ def cell_backward(
     internal: Tensor,
     states: list[Tensor],
     hoisted: list[Tensor],
+    activations: list[Tensor],
     d_states: list[Tensor | None],
     d_outputs: list[Tensor | None],
     train: bool,
     dropout_seed: Tensor,
 ) -> list[Tensor]:
     """The gradient of every param, then of every float input (ABI order), from upstream gradients of
-    the states ([N + 1] rows) and outputs; None: no upstream (an output's phases then do nothing)."""
+    the states ([N + 1] rows) and outputs; None: no upstream (an output's phases then do nothing).
+    `activations`: what the forward saved for it (a CPU runner's, `passes.saving`)."""
     runner = _runner(handle)
     stream = runner.stream()
     runner.prepare(params, stream)
@@ -451,6 +476,7 @@ def cell_backward(
         [_view(h) for h in hoisted],
         grads,
         dropout=_dropout(train, dropout_seed),  # the forward's masks, recomputed
+        activations=[_view(a) for a in activations],
     )
     return d_params + [d for d in d_inputs if d is not None]
 
@@ -521,33 +547,50 @@ def _cell_backward_fake(handle, params, inputs, level_order, *rest):
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     handle, params, cell_inputs, *rest = inputs
-    forest, (train, dropout_seed) = rest[:6], rest[6:8]  # then `fold` (no gradient, nothing to keep)
+    forest, (train, dropout_seed) = rest[:6], rest[6:8]  # then `fold` and `keep` (no gradient, nothing to keep)
     runner = _runner(handle)
     ctx.train = train
     ctx.set_materialize_grads(False)  # a result the loss does not use has no upstream (and costs nothing)
     ctx.handle = handle
-    ctx.counts = (len(params), len(cell_inputs), len(runner.states), len(runner.spec["hoisted_widths"]))
-    saved = output[: ctx.counts[2] + ctx.counts[3]]
+    ctx.counts = (
+        len(params),
+        len(cell_inputs),
+        len(runner.states),
+        len(runner.spec["hoisted_widths"]),
+        len(runner.saved_widths),
+    )
+    saved = output[: sum(ctx.counts[2:])]
     ctx.save_for_backward(*params, *cell_inputs, *forest, dropout_seed, *saved)
 
 
 def _backward(ctx: Any, grads: Sequence[Tensor | None]) -> tuple[Any, ...]:
-    num_params, num_inputs, num_states, num_hoisted = ctx.counts
+    num_params, num_inputs, num_states, num_hoisted, num_activations = ctx.counts
     saved = list(ctx.saved_tensors)
     params, saved = saved[:num_params], saved[num_params:]
     cell_inputs, saved = saved[:num_inputs], saved[num_inputs:]
     forest, dropout_seed, saved = saved[:6], saved[6], saved[7:]
-    states, hoisted = saved[:num_states], saved[num_states:]
+    states, hoisted = saved[:num_states], saved[num_states : num_states + num_hoisted]
+    activations = saved[num_states + num_hoisted :]
     runner = _runner(ctx.handle)
     # None for the forest, train, dropout_seed and fold when given (the dispatcher drops an argument equal to
     # its default, so the op was applied to 11 or 12 arguments: as many flags as autograd says)
     rest = (None,) * (len(ctx.needs_input_grad) - 3)
     grads = list(grads)
-    d_states, d_outputs = grads[:num_states], grads[num_states + num_hoisted :]
+    d_states, d_outputs = grads[:num_states], grads[num_states + num_hoisted + num_activations :]
     if all(g is None for g in grads):
         return (None, [None] * num_params, [None] * num_inputs) + rest
     result = cell_backward(
-        ctx.handle, params, cell_inputs, *forest, states, hoisted, d_states, d_outputs, ctx.train, dropout_seed
+        ctx.handle,
+        params,
+        cell_inputs,
+        *forest,
+        states,
+        hoisted,
+        activations,
+        d_states,
+        d_outputs,
+        ctx.train,
+        dropout_seed,
     )
     d_inputs: list[Tensor | None] = [None] * num_inputs
     for position, d in zip(runner.float_inputs, result[num_params:]):
@@ -723,10 +766,11 @@ class CellModule(nn.Module):
             dropout_seed = torch.zeros((), dtype=torch.int64)
         cell_inputs = [converted[name] for name in runner.inputs]
         fold = self.fold and inference and device.type == "cpu"
-        results = cell_forward(handle, params, cell_inputs, *batch.tensors(), train, dropout_seed, fold)
+        keep = not inference
+        results = cell_forward(handle, params, cell_inputs, *batch.tensors(), train, dropout_seed, fold, keep)
         n = batch.level_order.shape[0]
         out = {name: state[:n] for name, state in zip(runner.states, results)}
-        outputs = results[len(runner.states) + len(runner.spec["hoisted_widths"]) :]
+        outputs = _split(_runner(handle), results)[3]  # the handle's runner: its backend decides what is saved
         out.update(zip(runner.spec["abi"]["outputs"], outputs))
         return out
 

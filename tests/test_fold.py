@@ -103,9 +103,10 @@ def test_the_kernels_read_the_tables_in_inference_only(rng):
     poisoned = folded(forest, word=words)
     assert not np.array_equal(poisoned["h"], plain(forest, word=words)["h"]), "the tables were not read"
     trained = folded(forest, grad=True, word=words)
-    _assert_same_bits({k: trained[k] for k in ("h", "c", "logits")}, plain(forest, word=words))
+    plain_trained = plain(forest, grad=True, word=words)
+    _assert_same_bits({k: trained[k] for k in ("h", "c", "logits")}, plain_trained)
     grads = folded.backward(trained, {"logits": np.ones_like(trained["logits"])})
-    expected = plain.backward(plain(forest, grad=True, word=words), {"logits": np.ones_like(trained["logits"])})
+    expected = plain.backward(plain_trained, {"logits": np.ones_like(trained["logits"])})
     _assert_same_bits(grads, expected)
 
 

@@ -74,8 +74,8 @@ def test_the_package_asks_for_a_window_of_the_target_s_bytes(key, modules):
 def test_any_window_gives_the_results_of_hoisting_every_row(key, window, modules, rng, monkeypatch):
     """Window sizes from one level (1: each window is the widest level, so a wide level is one window of
     its own) to many levels, on forests whose levels range from 1 to hundreds of rows: the inference equals,
-    bit for bit, a training forward (which hoists every row) and the same model with windowing off, and it
-    matches the interpreter."""
+    bit for bit, the same model with windowing off, and it matches the interpreter, as does a training forward
+    (which hoists every row, in kernels that also keep the gates: `passes.saving`)."""
     model, reference = twin_models(modules[key], "cpu", int(rng.integers(0, 2**31)), rng)
     forest = _mixed_forest(key, rng)
     if window is None:  # the package's own window (thousands of rows at these widths): a larger forest
@@ -93,10 +93,11 @@ def test_any_window_gives_the_results_of_hoisting_every_row(key, window, modules
     monkeypatch.setitem(executor.spec, "hoisted_window_rows", 0)
     assert executor.hoisted_window_rows(lin) == internal
     whole = model(forest, **inputs)
-    assert _digest(windowed) == _digest(whole) == _digest(kept)
+    assert _digest(windowed) == _digest(whole)
     expected = reference(forest, **inputs)
     for name, value in expected.items():
         assert relative_error(windowed[name], value) < 1e-5, name
+        assert relative_error(kept[name], value) < 1e-5, name
 
 
 def test_saturated_inputs_agree_with_the_interpreter_through_windows(modules, rng, monkeypatch):
@@ -121,7 +122,9 @@ def test_a_window_smaller_than_a_level_is_refused(modules, rng, monkeypatch):
     with pytest.raises(CortexcError, match="fewer than a level"):
         model(forest, x=x)
     monkeypatch.setattr(executor, "hoisted_window_rows", lambda lin: 30)  # one level a window: enough
-    assert _digest(model(forest, x=x)) == _digest(model(forest, grad=True, x=x))
+    windowed = model(forest, x=x)
+    monkeypatch.setattr(executor, "hoisted_window_rows", lambda lin: lin.num_nodes - lin.num_leaves)
+    assert _digest(windowed) == _digest(model(forest, x=x))
 
 
 #: run in a fresh process: the windowed inference of a chain forest at this OMP_NUM_THREADS; prints a digest

@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 import cortexc  # noqa: E402
 from cortexc import Forest, InputError  # noqa: E402
 from cortexc.errors import CortexcError  # noqa: E402
-from cortexc.torch import CellModule, ForestBatch, cell_backward, cell_forward  # noqa: E402
+from cortexc.torch import CellModule, ForestBatch, _split, cell_backward, cell_forward  # noqa: E402
 from tests.helpers import EXAMPLES, REPO, relative_error  # noqa: E402
 from tests.test_autodiff import torch_binary_treelstm, torch_childsum  # noqa: E402
 
@@ -223,14 +223,25 @@ def test_opcheck_passes_on_both_ops(binary, rng):
     args = (module._handle, params, inputs, *batch.tensors(), False, torch.zeros((), dtype=torch.int64))
     torch.library.opcheck(cell_forward, args)
     results = cell_forward(*args)
-    ns, nh = len(module.runner.states), len(module.runner.spec["hoisted_widths"])
-    states, hoisted = [r.detach() for r in results[:ns]], [r.detach() for r in results[ns : ns + nh]]
+    states, hoisted, activations, _ = ([r.detach() for r in group] for group in _split(module.runner, results))
+    assert activations and all(a.shape[0] > 0 for a in activations)  # a CPU runner saves activations
     d_states = [torch.randn(states[0].shape), None]
     d_outputs = [torch.randn(results[-1].shape)]  # the backward is not differentiable itself
     detached = [p.detach() for p in params]
     torch.library.opcheck(
         cell_backward,
-        (module._handle, detached, inputs, *batch.tensors(), states, hoisted, d_states, d_outputs, *args[-2:]),
+        (
+            module._handle,
+            detached,
+            inputs,
+            *batch.tensors(),
+            states,
+            hoisted,
+            activations,
+            d_states,
+            d_outputs,
+            *args[-2:],
+        ),
     )
 
 
@@ -565,7 +576,7 @@ def test_the_cuda_runner_takes_torchs_arch_needs_no_pycuda_and_runs_on_torchs_st
     from cortexc.runtime import cuda as cuda_runtime
     from cortexc.runtime.abi import LaunchMode, LaunchOptions
     from cortexc.runtime.cuda_emulated import build_emulated
-    from cortexc.torch import _HANDLES, _RUNNERS, _Runner, _split
+    from cortexc.torch import _HANDLES, _RUNNERS, _Runner
 
     monkeypatch.setitem(sys.modules, "pycuda", None)  # importing PyCUDA fails
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (8, 6))
@@ -601,15 +612,20 @@ def test_the_cuda_runner_takes_torchs_arch_needs_no_pycuda_and_runs_on_torchs_st
         got = cell_forward(handle, params, inputs, *batch.tensors(), *mode_args)
         forward_log = _stream_log(lib)
         expected = cell_forward(module._handle, params, inputs, *batch.tensors(), *mode_args)
-        for a, b in zip(got, expected):
-            assert relative_error(a.detach().numpy(), b.detach().numpy()) < 1e-5
-        states, hoisted, outputs = _split(runner, got)
+        got_groups, expected_groups = _split(runner, got), _split(module.runner, expected)
+        for group in (0, 1, 3):  # states, hoisted rows, outputs (only the CPU runner saves activations)
+            for a, b in zip(got_groups[group], expected_groups[group], strict=True):
+                assert relative_error(a.detach().numpy(), b.detach().numpy()) < 1e-5
+        states, hoisted, activations, outputs = got_groups
+        assert activations == []  # a device runner's kernels save nothing
         upstream = [torch.from_numpy(rng.standard_normal(o.shape).astype(np.float32)) for o in outputs]
-        backward_args = (*batch.tensors(), states, hoisted, [None] * len(states), upstream, *mode_args)
+        backward_args = (*batch.tensors(), states, hoisted, [], [None] * len(states), upstream, *mode_args)
         lib.cx_emu_stream_log_start()
         grads = cell_backward(handle, params, inputs, *backward_args)
         backward_log = _stream_log(lib)
-        expected_grads = cell_backward(module._handle, params, inputs, *backward_args)
+        saved = expected_groups[2]  # the CPU runner's own forward's activations
+        cpu_args = (*batch.tensors(), states, hoisted, saved, [None] * len(states), upstream, *mode_args)
+        expected_grads = cell_backward(module._handle, params, inputs, *cpu_args)
         for a, b in zip(grads, expected_grads):
             assert relative_error(a.detach().numpy(), b.detach().numpy()) < 1e-5
     finally:
@@ -717,8 +733,7 @@ def test_opcheck_and_compile_with_dropout_in_training_mode(dropout_cell, rng):
     args = (module._handle, params, inputs, *batch.tensors(), True, seed)
     torch.library.opcheck(cell_forward, args)
     results = cell_forward(*args)
-    ns, nh = len(module.runner.states), len(module.runner.spec["hoisted_widths"])
-    states, hoisted = [r.detach() for r in results[:ns]], [r.detach() for r in results[ns : ns + nh]]
+    states, hoisted, activations, _ = ([r.detach() for r in group] for group in _split(module.runner, results))
     torch.library.opcheck(
         cell_backward,
         (
@@ -728,6 +743,7 @@ def test_opcheck_and_compile_with_dropout_in_training_mode(dropout_cell, rng):
             *batch.tensors(),
             states,
             hoisted,
+            activations,
             [None, None],
             [torch.randn(results[-1].shape)],
             True,

@@ -11,6 +11,7 @@ operands. The same text serves C and CUDA.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from cortexc.ir.cell import Cell, Value
 from cortexc.ir.ops import OPS, Op
@@ -51,6 +52,10 @@ def hoisted_symbol(name: str) -> str:
     return f"H_{name}"
 
 
+def saved_symbol(name: str) -> str:
+    return f"SV_{name}"
+
+
 def output_symbol(name: str) -> str:
     return f"O_{name}"
 
@@ -63,10 +68,14 @@ def gradient_symbol(kind: str, name: str) -> str:
 class KernelExprs:
     """Renders reads and computations of the values of one kernel's body."""
 
-    def __init__(self, cell: Cell, kernel: Kernel, train: bool = True):
+    def __init__(
+        self, cell: Cell, kernel: Kernel, train: bool = True, saved: Mapping[str, tuple[int, str]] | None = None
+    ):
         self.train = train  # False: the evaluation-mode text, where dropout(e, p) is e (no mask work at all)
         self.cell = cell
         self.kernel = kernel
+        # each saved array's floats per row and its first row's position (`passes.saving`)
+        self.saved = saved or {}
         self.values = kernel.body.values
         self.buffer_width = {b.name: b.width for b in kernel.buffers}
 
@@ -78,6 +87,11 @@ class KernelExprs:
         if source == Adjoints.PRE:
             return f"{gradient_symbol('pre', name)}[(pre_base + {row}) * {row_width} + {col}]"
         return f"{gradient_symbol('output', name)}[(pos0 + {row}) * {row_width} + {col}]"
+
+    def saved_row(self, name: str, row: str) -> str:
+        """The first element of row `row`'s row of saved array `name` (rows by level-order position)."""
+        saved_width, first = self.saved[name]
+        return f"({saved_symbol(name)} + (pos0 - {first} + {row}) * {saved_width})"
 
     def ref(self, index: int, rows: RowKind, row: str, col: str) -> str:
         """Element `col` of value `index` for row `row` of a loop over `rows`."""
@@ -166,4 +180,6 @@ class KernelExprs:
             return f"{hoisted_symbol(value.name)}[(pre_base + {row}) * {row_width} + {col}]"
         if op == Op.ADJOINT:
             return self.adjoint(value.name, row, row_width, col)
+        if op == Op.SAVED:
+            return f"{self.saved_row(value.name, row)}[{value.attr('column')} + {col}]"
         raise NotImplementedError(f"no source read for {op}")  # pragma: no cover

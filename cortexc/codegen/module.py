@@ -138,6 +138,11 @@ def package_files(source: str, source_file: str, options: CompileOptions, render
             {"name": f.name, "packed": f.packed, "table": f.table, "rows": f.rows, "m": f.m, "k": f.k}
             for f in (c_program.folds if c_program is not None else ())
         ]
+        # what a training forward of the C program keeps for its backward (`passes.saving`): `cx_call.saved`
+        spec["saved"] = [
+            {"name": v.name, "width": v.width, "rows": "internal" if v.internal else "leaves"}
+            for v in (c_program.saved if c_program is not None else ())
+        ]
         # an inference may hoist a window of levels at a time (the C driver): the rows the runtime gives it
         window = hoist_window(c_program, TARGETS["c"]) if c_program is not None else None
         spec["hoisted_window_rows"] = window["rows"] if window is not None else 0

@@ -24,6 +24,7 @@ from cortexc.codegen.exprs import (
     input_symbol,
     output_symbol,
     param_symbol,
+    saved_symbol,
     state_symbol,
 )
 from cortexc.codegen.target import Target
@@ -91,6 +92,7 @@ def abi(cell: Cell, program: Program) -> dict[str, list[str]]:
         "states": [s.name for s in cell.states],
         "hoisted": [name for name, _ in cell.pre.named_results] if cell.pre is not None else [],
         "outputs": [o.name for o in cell.outputs],
+        "saved": [values.name for values in program.saved],
     }
 
 
@@ -141,6 +143,7 @@ def render(program: Program, target: Target, source_file: str) -> str:
         typedefs={name: c_typedef(name, fields) for name, fields in STRUCTS.items()},
         launch_modes=LAUNCH_MODES,
         forward_phases=[_phase_context(program, phase, target) for phase in program.forward],
+        saving_phases=[_phase_context(program, phase, target) for phase in program.saving_forward],
         hoist_window=hoist_window(program, target),
         backward_phases=[_phase_context(program, phase, target) for phase in program.backward],
         split_kernel=node.name,
@@ -366,6 +369,9 @@ def _symbols(cell: Cell, program: Program, kernel: Kernel, target: Target, acc_o
             decls.append(f"const {kind} *{input_symbol(name)} = (const {kind} *)call->inputs[{index}];")
     declare(table["states"], used_states, lambda i, n: f"float *{state_symbol(n)} = call->states[{i}];")
     declare(table["hoisted"], used_hoisted, lambda i, n: f"float *{hoisted_symbol(n)} = call->hoisted[{i}];")
+    used_saved = {v.name for v in values if v.op == Op.SAVED} | {b.saved for b in kernel.buffers if b.saved}
+    used_saved |= {s.name for s in stores if s.target == StoreTarget.SAVED}
+    declare(table["saved"], used_saved, lambda i, n: f"float *{saved_symbol(n)} = call->saved[{i}];")
     stored_outputs = {s.name for s in stores if s.target == StoreTarget.OUTPUT}
     declare(table["outputs"], stored_outputs, lambda i, n: f"float *{output_symbol(n)} = call->outputs[{i}];")
     declare(table["states"], d_states, lambda i, n: f"float *{gradient_symbol('state', n)} = grad->d_states[{i}];")
@@ -394,11 +400,16 @@ def _kernel_context(
     deferred: list[dict[str, Any]],
     acc_offsets: dict[str, int],
 ) -> dict[str, Any]:
-    exprs = KernelExprs(cell, kernel)
+    saved = {v.name: (v.width, "call->level_ptr[1]" if v.internal else "0") for v in program.saved}
+    exprs = KernelExprs(cell, kernel, saved=saved)
     offsets = []
     node_floats = child_floats = 0
     for buffer in kernel.buffers:
-        offsets.append({"name": buffer.name, "offset": _offset(node_floats, child_floats)})
+        if buffer.saved:  # the tile's rows of a saved array (rows by level-order position), not scratch
+            origin = exprs.saved_row(buffer.saved, "0")
+            offsets.append({"name": buffer.name, "offset": "", "origin": origin})
+            continue
+        offsets.append({"name": buffer.name, "offset": _offset(node_floats, child_floats), "origin": ""})
         if buffer.rows == RowKind.NODE:
             node_floats += buffer.width
         else:
@@ -407,7 +418,7 @@ def _kernel_context(
     steps = [_step_context(exprs, kernel, step) for step in kernel.steps]
     # a loop or store whose text has dropout is versioned on the call's train flag: the evaluation-mode
     # copy computes exactly e (a branch inside the loop would be if-converted, the masks computed anyway)
-    plain = KernelExprs(cell, kernel, train=False)
+    plain = KernelExprs(cell, kernel, train=False, saved=saved)
     for step, context in zip(kernel.steps, steps):
         if context["kind"] in ("loop", "store"):
             text = _step_context(plain, kernel, step)["expr"]
@@ -449,7 +460,7 @@ def _kernel_context(
         "name": kernel.name,
         "rows_doc": _ROWS_DOC[kernel.rows],
         "node_of_row": _NODE_OF_ROW[kernel.rows],
-        "symbols": _used(_symbols(cell, program, kernel, target, acc_offsets), steps),
+        "symbols": _used(_symbols(cell, program, kernel, target, acc_offsets), [*steps, *offsets]),
         "reads_children": reads_children,
         "child_ks": kernel.child_ks,
         "uses_pre_base": uses_pre_base,
@@ -478,9 +489,11 @@ def _fold_context(program: Program, kernel: Kernel, step: Gemm) -> dict[str, Any
 _STATE_GRADIENT_TARGETS = (StoreTarget.D_STATE, StoreTarget.D_CHILD, StoreTarget.D_CHILD_AT)
 
 
-def _store_destination(kernel: Kernel, step: Store) -> str:
+def _store_destination(exprs: KernelExprs, step: Store) -> str:
     """The first element of the row a store writes, for row `i` of the tile."""
     w = step.width
+    if step.target == StoreTarget.SAVED:  # a column range of the node's row (rows by level-order position)
+        return f"{exprs.saved_row(step.name, 'i')} + {step.column}"
     rows = {
         StoreTarget.STATE: (state_symbol(step.name), "nd[i]"),
         StoreTarget.PRE: (hoisted_symbol(step.name), "(pre_base + i)"),
@@ -651,7 +664,7 @@ def _step_context(exprs: KernelExprs, kernel: Kernel, step) -> dict[str, Any]:
             "kind": "store",
             "doc": f"{step.target.value} {step.name} {'=' if step.mode == StoreMode.SET else '+='} %{step.value}",
             "count": _count(step.rows),
-            "dst": _store_destination(kernel, step),
+            "dst": _store_destination(exprs, step),
             "width": step.width,
             "mode": step.mode.value,
             "expr": exprs.ref(step.value, step.rows, "i", "j"),

@@ -27,7 +27,7 @@ from cortexc.runtime.philox import EVAL, Dropout
 class NodeView:
     """What the rules of one node can see."""
 
-    __slots__ = ("index", "children", "states", "inputs", "params", "dtype", "hoisted", "adjoints", "dropout")
+    __slots__ = ("index", "children", "states", "inputs", "params", "dtype", "hoisted", "adjoints", "saved", "dropout")
 
     def __init__(self, index, children, states, inputs, params, dtype, dropout: Dropout = EVAL):
         self.index = index
@@ -38,6 +38,7 @@ class NodeView:
         self.dtype = dtype
         self.hoisted: dict[str, np.ndarray] = {}  # this node's results of the cell's `pre` body
         self.adjoints: dict[str, np.ndarray] = {}  # incoming gradients, for gradient bodies
+        self.saved: dict[str, np.ndarray] = {}  # the flat row a training forward kept, by its name (`saved`)
         self.dropout = dropout  # the call's dropout mode (training: masks by seed and element identity)
 
 
@@ -81,6 +82,9 @@ def eval_value(
         return node.hoisted[value.name]
     if op == Op.ADJOINT:
         return node.adjoints[value.name]
+    if op == Op.SAVED:
+        column, size = value.attr("column"), int(np.prod(value.shape))
+        return node.saved[value.name][column : column + size].reshape(value.shape)
     if op == Op.NUM_CHILDREN:
         return np.asarray(len(node.children), node.dtype)
     if op == Op.TRANSPOSE:

@@ -63,6 +63,7 @@ class Op(enum.Enum):
     EMBED = "embed"  # args: param matrix, index input -> row
     # derivatives (made by `autodiff`, never written by users)
     ADJOINT = "adjoint"  # attrs: name; the incoming gradient of the body's result `name` for this node
+    SAVED = "saved"  # attrs: name, column; a value the training forward kept for this node (`passes.saving`)
     NUM_CHILDREN = "num_children"  # the node's number of children, as a float scalar
     TRANSPOSE = "transpose"  # [M, K] -> [K, M]
     OUTER = "outer"  # [M], [K] -> [M, K]
@@ -575,6 +576,7 @@ STRUCTURAL_OPS = frozenset(
         Op.HOISTED,
         Op.CONST,
         Op.ADJOINT,
+        Op.SAVED,
         Op.NUM_CHILDREN,
         Op.MATMUL,
         Op.SLICE,
@@ -593,7 +595,18 @@ STRUCTURAL_OPS = frozenset(
 )
 
 LEAF_OPS = frozenset(
-    {Op.PARAM, Op.INPUT, Op.STATE, Op.CHILD_STATE, Op.CHILD_STATE_AT, Op.HOISTED, Op.CONST, Op.ADJOINT, Op.NUM_CHILDREN}
+    {
+        Op.PARAM,
+        Op.INPUT,
+        Op.STATE,
+        Op.CHILD_STATE,
+        Op.CHILD_STATE_AT,
+        Op.HOISTED,
+        Op.CONST,
+        Op.ADJOINT,
+        Op.SAVED,
+        Op.NUM_CHILDREN,
+    }
 )
 BINARY_OPS = frozenset(op for op, d in OPS.items() if d.kind == OpKind.BINARY)
 UNARY_OPS = frozenset(op for op, d in OPS.items() if d.kind == OpKind.UNARY)

@@ -74,11 +74,14 @@ class Place:
 
 @dataclass(frozen=True)
 class Buffer:
-    """Tile scratch: one row of `width` floats per node (or per child edge) of the tile."""
+    """Tile scratch: one row of `width` floats per node (or per child edge) of the tile; or, `saved`, the
+    tile's rows of a saved array (rows by level-order position), where a training forward computes the
+    values it keeps, so they are written once."""
 
     name: str
     rows: RowKind
     width: int
+    saved: str = ""  # a saving kernel's: not scratch but the tile's rows of this saved array (`SavedValues`)
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,7 @@ class StoreTarget(enum.Enum):
     D_HOISTED = "d_hoisted"
     D_INPUT = "d_input"  # this node's input row
     D_EMBED = "d_embed"  # the looked-up row of a table
+    SAVED = "saved"  # a training forward: the node's row of a saved array (`SavedValues`), at `column`
 
 
 class StoreMode(enum.Enum):
@@ -203,6 +207,7 @@ class Store:
     mode: StoreMode = StoreMode.SET
     k: int = 0  # for d_child_at
     index_input: str = ""  # for d_embed: which index input chose the row
+    column: int = 0  # for saved: where the value starts in the node's row (`name` is the `SavedValues`')
 
 
 @dataclass(frozen=True)
@@ -254,6 +259,8 @@ class KernelRole(enum.Enum):
     PRE = "pre"
     LEAF = "leaf"
     NODE = "node"
+    LEAF_SAVING = "leaf_saving"  # a training forward's leaf kernel: also keeps values for the gradient
+    NODE_SAVING = "node_saving"
     OUTPUT = "out"
     GRAD_OUTPUT = "grad_out"
     GRAD_NODE = "grad_node"
@@ -304,7 +311,7 @@ class Kernel:
         return self.role.adjoints
 
     def scratch_floats(self, tile_rows: int, max_children: int) -> int:
-        per_node = sum(b.width for b in self.buffers if b.rows == RowKind.NODE)
+        per_node = sum(b.width for b in self.buffers if b.rows == RowKind.NODE and not b.saved)
         per_child = sum(b.width for b in self.buffers if b.rows == RowKind.CHILD)
         return tile_rows * per_node + tile_rows * max_children * per_child
 
@@ -369,6 +376,23 @@ class Fold:
 
 
 @dataclass(frozen=True)
+class SavedValues:
+    """Values a training forward's kernel keeps for its gradient kernel (`passes.saving`): one row of
+    `width` floats per node the kernel runs on (by level-order position), value ``values[i]`` of the forward body at
+    ``columns[i]``; the gradient kernel reads them as `saved` values named `name` instead of computing them
+    again. The saving kernel computes an elementwise one straight into its row (its `Buffer` is the saved
+    array's), and stores any other."""
+
+    name: str  # the forward kernel whose values these are ("leaf", "node")
+    saving: str  # the kernel a training forward runs in its place (it stores them)
+    grad: str  # the gradient kernel that reads them
+    values: tuple[int, ...]
+    columns: tuple[int, ...]
+    width: int
+    internal: bool  # rows: one per internal node (position - level_ptr[1]), else one per leaf (position)
+
+
+@dataclass(frozen=True)
 class Program:
     cell: Cell
     kernels: tuple[Kernel, ...]  # in launch order: pre?, leaf, node, outputs...; then the gradient kernels
@@ -378,6 +402,8 @@ class Program:
     backward: tuple[Phase, ...] = ()  # of a backward: output gradients, levels down, leaves, pre?
     deferred: tuple[DeferredOuter, ...] | None = None  # set by `passes.deferred` (targets that defer them)
     folds: tuple[Fold, ...] = ()  # set by `passes.fold` (targets that fold look-ups: C)
+    saved: tuple[SavedValues, ...] = ()  # set by `passes.saving` (targets that keep activations: C)
+    saving_forward: tuple[Phase, ...] = ()  # the launch order of a training forward, when `saved`
 
     def kernel(self, name: str) -> Kernel:
         return next(k for k in self.kernels if k.name == name)

@@ -176,6 +176,10 @@ def _verify_value(cell: Cell, body: Body, index: int, value: Value, role: BodyKi
     elif op == Op.ADJOINT:
         _expect(body.kind == BodyKind.GRAD, "adjoints are read only by gradient bodies")
         shape, domain = value.shape, Domain.NODE
+    elif op == Op.SAVED:
+        _expect(body.kind == BodyKind.GRAD, "saved values are read only by gradient bodies")
+        _expect(value.attr("column") >= 0, "a saved value's column is negative")
+        shape, domain = value.shape, Domain.NODE
     elif op == Op.NUM_CHILDREN:
         _expect(role == BodyKind.NODE, "the number of children is read only in node bodies")
         shape, domain = (), Domain.NODE
@@ -242,6 +246,7 @@ _ARG_COUNT = {
     Op.EXPAND: 1,
     **{op: 1 for op in REDUCE_OPS},
     Op.ADJOINT: 0,
+    Op.SAVED: 0,
     Op.NUM_CHILDREN: 0,
     Op.TRANSPOSE: 1,
     Op.OUTER: 2,

@@ -30,6 +30,7 @@ from cortexc.ir.program import (
     SmallMatmul,
     Softmax,
     Store,
+    StoreTarget,
 )
 from cortexc.ir.program_printer import VALUE_FIELDS
 from cortexc.ir.verify import IRVerifyError
@@ -105,11 +106,49 @@ def _verify(program: Program) -> None:
                     and kernel.body.values[operand.args[0]].name == named.table,
                     f"kernel {kernel.name}: GEMM of fold {step.fold} is not a product of its table's rows",
                 )
+    _verify_saved(program)
     for kernel in program.kernels:
         try:
             _verify_kernel(program, kernel, packed, accumulated)
         except ProgramVerifyError as err:
             raise ProgramVerifyError(f"kernel {kernel.name}: {err}") from None
+
+
+def _verify_saved(program: Program) -> None:
+    """Saved activations (`passes.saving`): each set's saving kernel stores exactly its values, in place,
+    and every `saved` read of a kernel lies inside a set that a gradient kernel may read."""
+    names = {k.name for k in program.kernels}
+    sets = {values.name: values for values in program.saved}
+    _expect(len(sets) == len(program.saved), "saved value sets repeat")
+    _expect(bool(program.saved) == bool(program.saving_forward), "saved values exactly with a saving forward")
+    for values in program.saved:
+        _expect({values.name, values.saving, values.grad} <= names, f"saved {values.name} names a missing kernel")
+        if not {values.name, values.saving} <= names:
+            continue
+        forward, saving = program.kernel(values.name), program.kernel(values.saving)
+        _expect(forward.body == saving.body, f"saving kernel {saving.name} runs another body than {forward.name}")
+        stores = {(s.value, s.column) for s in saving.steps if isinstance(s, Store) and s.target == StoreTarget.SAVED}
+        rows = {b.name for b in saving.buffers if b.saved == values.name}
+        for kept, column in zip(values.values, values.columns):
+            place = saving.places[kept]
+            computed_there = place.kind == PlaceKind.BUFFER and place.buffer in rows and place.column == column
+            _expect(computed_there or (kept, column) in stores, f"{saving.name} does not keep %{kept} at {column}")
+        ends = [c + _width(forward.body.values[v].shape) for v, c in zip(values.values, values.columns)]
+        _expect(max(ends, default=0) <= values.width, f"saved {values.name} overflows its width {values.width}")
+    for kernel in program.kernels:
+        for value in kernel.body.values:
+            if value.op == Op.SAVED:
+                named = sets.get(value.name)
+                _expect(
+                    named is not None and named.grad == kernel.name,
+                    f"kernel {kernel.name} reads saved {value.name}, which it is not the gradient kernel of",
+                )
+                end = value.attr("column") + _width(value.shape)
+                _expect(named is None or end <= named.width, f"kernel {kernel.name}: a saved read past the row")
+    if program.saving_forward:
+        plain = [(p.sweep, p.upstream) for p in program.forward]
+        _expect(plain == [(p.sweep, p.upstream) for p in program.saving_forward], "saving forward differs in sweeps")
+        _expect(all(p.kernel in names for p in program.saving_forward), "saving forward names a missing kernel")
 
 
 def _verify_kernel(program: Program, kernel: Kernel, packed: dict, accumulated: dict) -> None:

@@ -28,6 +28,7 @@ The rules of the elementwise and vector ops are their registry entries'
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from cortexc.ir.builder import BodyBuilder
@@ -58,8 +59,9 @@ def autodiff(cell: Cell) -> Cell:
 class _Reverse:
     """Builds one GRAD body: the forward values, then adjoints accumulated per value."""
 
-    def __init__(self, forward: Body):
+    def __init__(self, forward: Body, saved: Mapping[int, tuple[str, int]] | None = None):
         self.forward = forward
+        self.saved = saved or {}  # forward value index -> (saved array, column): read, not recomputed
         self.b = BodyBuilder()
         self.copy: list[int] = []  # forward value index -> index in the new body
         self.adjoint: dict[int, int] = {}  # forward value index -> adjoint value in the new body
@@ -124,8 +126,13 @@ class _Reverse:
 
     # --- the pass ---------------------------------------------------------------
     def run(self) -> Body:
-        for value in self.forward.values:
+        for index, value in enumerate(self.forward.values):
             args = tuple(self.copy[a] for a in value.args)
+            if index in self.saved:
+                array, column = self.saved[index]
+                attrs = (("name", array), ("column", column))
+                self.copy.append(self.b.add(Op.SAVED, (), value.shape, Domain.NODE, attrs, loc=value.loc))
+                continue
             if value.op == Op.DROPOUT:
                 self.copy.append(self._dropout(value, args[0]))
                 continue
@@ -220,5 +227,46 @@ class _Reverse:
         self.contribute(args[1], self.op(Op.MATMUL, left_t, g, shape=shape))
 
 
-def grad_body(forward: Body) -> Body:
-    return _Reverse(forward).run()
+def grad_body(forward: Body, saved: Mapping[int, tuple[str, int]] | None = None) -> Body:
+    """The GRAD body of `forward`; `saved` maps forward values (per node, not a dropout) to where a
+    training forward kept them (a saved array's name and column): the body reads those as `saved` values
+    and recomputes only what else it needs (`passes.saving`)."""
+    return _Reverse(forward, saved).run()
+
+
+def recomputed_reads(forward: Body) -> set[int]:
+    """The forward values the adjoints in `forward`'s GRAD body read (after dead values are dropped):
+    what a training forward could keep instead of the gradient recomputing it."""
+    reverse = _Reverse(forward)
+    reverse.run()
+    prefix = len(forward.values)  # the copies come first; dropout adds values among them, so find the end
+    for number, value in enumerate(reverse.b.values):
+        if value.op == Op.ADJOINT:
+            prefix = number
+            break
+    live = _live(reverse.b.values, list(reverse.results.values()))
+    copies: dict[int, list[int]] = {}
+    for forward_index, copy in enumerate(reverse.copy):
+        copies.setdefault(copy, []).append(forward_index)
+    reads: set[int] = set()
+    for number in sorted(live):
+        if number < prefix:
+            continue
+        for arg in reverse.b.values[number].args:
+            if arg < prefix:
+                reads.update(copies.get(arg, ()))
+    for index in reverse.results.values():
+        if index < prefix:
+            reads.update(copies.get(index, ()))
+    return reads
+
+
+def _live(values: list[Value], roots: list[int]) -> set[int]:
+    live: set[int] = set()
+    stack = list(roots)
+    while stack:
+        index = stack.pop()
+        if index not in live:
+            live.add(index)
+            stack.extend(values[index].args)
+    return live

@@ -50,7 +50,10 @@ _COLUMNWISE = BINARY_OPS | UNARY_OPS | REDUCE_OPS | {Op.EXPAND}
 
 def split_columns(program: Program, granule: int = 1) -> Program:
     """The per-target program pass: the node kernel's column split, and the leaf kernel's when its period
-    is the node kernel's (one ownership of columns serves the whole launch); other kernels run whole.
+    is the node kernel's (one ownership of columns serves the whole launch); other kernels run whole. The
+    saving variants (`passes.saving`) run by rows: split, their loops into the saved rows gave other last
+    bits than whole (measured: a binary Tree-LSTM at H=144, 1 vs 2 threads), and results may not depend on
+    the threads.
     `granule`: the target shares columns in whole runs of that many (the C target: GEMM panels), so a
     period it does not divide is no split there.
 

@@ -52,6 +52,7 @@ from cortexc.ir.program import (
     RowKind,
     Rows,
     RowSum,
+    SavedValues,
     SmallMatmul,
     Softmax,
     Step,
@@ -93,14 +94,19 @@ def schedule(cell: Cell) -> Program:
         kernels.append(_kernel(KernelRole.GRAD_LEAF, Rows.LEVEL, grads.leaf, cell, packed))
         if grads.pre is not None:
             kernels.append(_kernel(KernelRole.GRAD_PRE, Rows.INTERNAL, grads.pre, cell, packed))
+    forward, backward = _phases(cell, kernels)
+    return Program(cell, tuple(kernels), tuple(packed.values()), accumulator_layout(cell, kernels), forward, backward)
+
+
+def accumulator_layout(cell: Cell, kernels: list[Kernel]) -> tuple[tuple[str, int, int], ...]:
+    """(param, offset, floats) of every param some kernel accumulates a gradient of, by name."""
     accumulated = sorted({s.param for k in kernels for s in k.steps if isinstance(s, AccumOuter | AccumSum)})
     accumulators, offset = [], 0
     for name in accumulated:
         size = math.prod(cell.param(name).shape)
         accumulators.append((name, offset, size))
         offset += size
-    forward, backward = _phases(cell, kernels)
-    return Program(cell, tuple(kernels), tuple(packed.values()), tuple(accumulators), forward, backward)
+    return tuple(accumulators)
 
 
 #: the sweep of each kernel role over its row set
@@ -108,6 +114,8 @@ _SWEEPS = {
     KernelRole.PRE: Sweep.ALL,
     KernelRole.LEAF: Sweep.LEAVES,
     KernelRole.NODE: Sweep.UP,
+    KernelRole.LEAF_SAVING: Sweep.LEAVES,
+    KernelRole.NODE_SAVING: Sweep.UP,
     KernelRole.OUTPUT: Sweep.ALL,
     KernelRole.GRAD_OUTPUT: Sweep.ALL,
     KernelRole.GRAD_NODE: Sweep.DOWN,
@@ -129,6 +137,19 @@ def _phases(cell: Cell, kernels: list[Kernel]) -> tuple[tuple[Phase, ...], tuple
             phase = replace(phase, upstream=outputs.index(kernel.output))
         (backward if kernel.role.is_gradient else forward).append(phase)
     return tuple(forward), tuple(backward)
+
+
+def schedule_kernel(
+    role: KernelRole, rows: Rows, body: Body, cell: Cell, packed: dict, saved: SavedValues | None = None
+) -> Kernel:
+    """`_kernel` for a program pass that schedules a body of its own (`packed`: the program's packed
+    weights by their params, which the pass extends and keeps)."""
+    return _kernel(role, rows, body, cell, packed, saved=saved)
+
+
+def phase_of(kernel: Kernel) -> Phase:
+    """The phase that runs a leaf, node or gradient kernel of a level sweep."""
+    return Phase(kernel.name, _SWEEPS[kernel.role])
 
 
 def _gemm_left(body: Body, value: Value) -> tuple[str, bool] | None:
@@ -210,13 +231,25 @@ _GRADIENT_STORES = {
 }
 
 
-def _kernel(role: KernelRole, rows: Rows, body: Body, cell: Cell, packed: dict, output: str = "") -> Kernel:
+def _kernel(
+    role: KernelRole,
+    rows: Rows,
+    body: Body,
+    cell: Cell,
+    packed: dict,
+    output: str = "",
+    saved: SavedValues | None = None,
+) -> Kernel:
+    """One body's kernel; with `saved` (a training forward's variant, `passes.saving`) it also stores
+    those values of the body in the node's row of the saved array."""
     values = body.values
     uses = [0] * len(values)
     for value in values:
         for arg in value.args:
             uses[arg] += 1
     for _, index in body.results:
+        uses[index] += 1
+    for index in saved.values if saved is not None else ():
         uses[index] += 1
     element_uses = _element_uses(body, uses)
     groups = _gemm_groups(body)
@@ -263,6 +296,12 @@ def _kernel(role: KernelRole, rows: Rows, body: Body, cell: Cell, packed: dict, 
     buffers: list[Buffer] = []
     steps: list[Step] = []
     group_buffer: dict[int, str] = {}
+
+    saved_at = dict(zip(saved.values, saved.columns)) if saved is not None else {}
+    saved_buffer = ""
+    if saved is not None:
+        saved_buffer = f"sv_{saved.name}"
+        buffers.append(Buffer(saved_buffer, RowKind.NODE, saved.width, saved=saved.name))
 
     def new_buffer(value: Value, buffer_width: int | None = None, prefix: str = "b") -> str:
         buffer_name = f"{prefix}{len(buffers)}"
@@ -341,7 +380,10 @@ def _kernel(role: KernelRole, rows: Rows, body: Body, cell: Cell, packed: dict, 
             # dropout in its own loop: one that gcc vectorises (not scalar Philox inside a padded gradient or a
             # staged add) and that codegen versions on the train flag (evaluation mode: a copy, no mask work)
             masked = OPS[op].identity is not None if op in OPS else False
-            if needs_address[index] or (element_uses[index] >= 2 and op != Op.NEG) or too_deep or masked:
+            if index in saved_at:  # computed straight into the node's row of the saved array
+                places.append(Place(PlaceKind.BUFFER, saved_buffer, saved_at[index]))
+                steps.append(Loop(index, saved_buffer, saved_at[index], row_kind(value), width(value)))
+            elif needs_address[index] or (element_uses[index] >= 2 and op != Op.NEG) or too_deep or masked:
                 materialize(index, value)
             else:
                 places.append(Place(PlaceKind.INLINE))
@@ -350,6 +392,11 @@ def _kernel(role: KernelRole, rows: Rows, body: Body, cell: Cell, packed: dict, 
         depth.append(inline_depth(index) if places[index].kind == PlaceKind.INLINE else 0)
 
     steps += accumulate
+    for index, column in saved_at.items():  # the others: stored from where they are
+        if places[index].buffer != saved_buffer:
+            steps.append(
+                Store(index, StoreTarget.SAVED, saved.name if saved else "", width(values[index]), column=column)
+            )
     for result_name, index in body.results:
         value_width = width(values[index])
         if not isinstance(result_name, GradTarget):  # a forward kernel: states, hoisted rows, outputs

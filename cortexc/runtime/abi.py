@@ -64,6 +64,7 @@ CALL_FIELDS: tuple[Field, ...] = (
     Field("folded", "const float *const *", 'NULL, or per fold (JSON "folds") its table or NULL (run the GEMM)'),
     Field("hoisted_rows", "int64_t", "rows of each hoisted array: 0: one per internal node; fewer: a window (C)"),
     Field("hoisted_first", "int64_t", "the internal node (position - level_ptr[1]) of hoisted row 0 (0 but in C)"),
+    Field("saved", "float *const *", 'NULL, or per saved array (JSON "saved") its [N, width] rows: a training forward'),
 )
 
 #: `cx_grad`: the gradient arrays of a backward call

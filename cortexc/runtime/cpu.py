@@ -229,8 +229,9 @@ _empty = aligned_empty
 
 
 class Saved:
-    """What a forward keeps for the backward: the full state arrays (with the zero row), hoisted rows and the
-    dropout mode (the backward recomputes the masks from it)."""
+    """What a forward keeps for the backward: the full state arrays (with the zero row), hoisted rows, the
+    saved activations (the package's "saved" arrays, `[N, width]`: what the gradient kernels read instead of
+    computing again) and the dropout mode (the backward recomputes the masks from it)."""
 
     def __init__(
         self,
@@ -239,12 +240,14 @@ class Saved:
         states: list[np.ndarray],
         hoisted: list[np.ndarray],
         dropout: Dropout = EVAL,
+        activations: list[np.ndarray] | None = None,
     ):
         self.dropout = dropout
         self.lin = lin
         self.inputs = inputs
         self.states = states
         self.hoisted = hoisted
+        self.activations = activations or []
 
 
 class _Scratch(threading.local):
@@ -530,6 +533,7 @@ class CpuExecutor:
         outputs: Sequence[np.ndarray],
         dropout: Dropout = EVAL,
         folded: Sequence[np.ndarray | None] | None = None,
+        activations: Sequence[np.ndarray] | None = None,
     ) -> tuple[ctypes.Structure, list[Any]]:
         """The `cx_call` struct over these arrays, and what must outlive it (the pointer tables, the weights).
         The forest's addresses are read once per linearization (`Linearized.addresses`), the weights' tables
@@ -568,6 +572,10 @@ class CpuExecutor:
             folded_table = _pointers(folded)
             call.folded = address(folded_table)
             tables.append(folded_table)
+        if activations is not None:  # else NULL: an inference (the kernels keep nothing)
+            saved_table = _pointers(activations)
+            call.saved = address(saved_table)
+            tables.append(saved_table)
         return call, [*tables, params, packed, lin, folded]
 
     def run_forward(
@@ -581,13 +589,18 @@ class CpuExecutor:
         packed: Sequence[np.ndarray] | None = None,
         dropout: Dropout = EVAL,
         folded: Sequence[np.ndarray | None] | None = None,
+        activations: Sequence[np.ndarray] | None = None,
     ) -> None:
         """The forward into arrays the caller allocated (the ABI's orders and shapes: states with
         N + 1 rows, the last zero), with `packed` weights or those of the last `set_params`/`repack`.
         What `forward` does after allocating; `cortexc.torch` calls it with views of torch tensors.
-        `folded`: tables of `folded_tables` made from these same params and packed weights (or None)."""
+        `folded`: tables of `folded_tables` made from these same params and packed weights (or None).
+        `activations`: a forward a backward follows: the package's saved arrays (`saved_shapes`), which
+        it fills and that backward reads (None: an inference)."""
         packed = self._weights[1] if packed is None else packed
-        call, _tables = self._call(lin, params, packed, inputs, states, hoisted, outputs, dropout, folded)
+        call, _tables = self._call(
+            lin, params, packed, inputs, states, hoisted, outputs, dropout, folded, self._checked(lin, activations)
+        )
         if lin.num_nodes:
             self._launch_forward(call, lin)
 
@@ -601,15 +614,20 @@ class CpuExecutor:
         grads: Sequence[Sequence[np.ndarray | None]],
         packed: Sequence[np.ndarray] | None = None,
         dropout: Dropout = EVAL,
+        activations: Sequence[np.ndarray] | None = None,
     ) -> None:
         """The backward into caller-allocated gradient arrays: `grads` is (d_params, d_inputs, d_states,
         d_hoisted, upstream_outputs) as `cx_grad` orders them (zeroed, d_states holding the upstream
         gradients of the states; None for index inputs and for outputs without an upstream). The deferred
         weight gradients' factor rows (`deferred_shapes`) are this thread's scratch unless a sixth entry
-        gives them."""
+        gives them. `activations`: what the forward saved (`run_forward`), needed when the package saves any."""
         outputs = [np.empty(0, np.float32) for _ in self.spec["abi"]["outputs"]]
         packed = self._weights[1] if packed is None else packed
-        call, _tables = self._call(lin, params, packed, inputs, states, hoisted, outputs, dropout)
+        if self.saved_shapes(lin) and activations is None:
+            raise CortexcError("this package's backward reads what its forward saved: pass the forward's activations")
+        call, _tables = self._call(
+            lin, params, packed, inputs, states, hoisted, outputs, dropout, None, self._checked(lin, activations)
+        )
         if len(grads) == 5:
             # not zeroed: a kernel writes every row of its terms, and the driver skips the terms of a kernel
             # that did not run (an output without an upstream gradient)
@@ -619,6 +637,28 @@ class CpuExecutor:
         if lin.num_nodes:
             mask = sum(1 << index for index, array in enumerate(grads[4]) if array is not None)
             self._launch_backward(call, grad, lin, mask)
+
+    def saved_shapes(self, lin: Linearized) -> list[tuple[int, int]]:
+        """The shapes of the arrays a forward a backward follows keeps for it (`passes.saving`): a row of
+        each saved array's width per internal node, or per leaf, in level order (every row is written)."""
+        internal = lin.num_nodes - lin.num_leaves
+        return [
+            (internal if values["rows"] == "internal" else lin.num_leaves, int(values["width"]))
+            for values in self.spec.get("saved", [])
+        ]
+
+    def _checked(self, lin: Linearized, activations: Sequence[np.ndarray] | None) -> Sequence[np.ndarray] | None:
+        """`activations` if they fit this package and forest (the kernels write and read them unchecked)."""
+        if activations is None:
+            return None
+        shapes = self.saved_shapes(lin)
+        if len(activations) != len(shapes) or any(
+            a.shape != shape or a.dtype != np.float32 or not a.flags.c_contiguous
+            for a, shape in zip(activations, shapes)
+        ):
+            got = [(a.shape, str(a.dtype)) for a in activations]
+            raise CortexcError(f"saved activations {got} do not fit this package's {shapes} (float32, contiguous)")
+        return activations
 
     def deferred_shapes(self, lin: Linearized) -> list[tuple[int, int]]:
         """The shapes of the deferred weight gradients' factor rows a backward needs (one row per node
@@ -671,14 +711,17 @@ class CpuExecutor:
         weights = self._weights  # one value: a concurrent load_params neither mixes nor frees them
         params, packed = weights
         folded = None if kept is not None else self.folded_tables(weights, n)  # a kept forward never folds
-        self.run_forward(lin, params, input_arrays, states, hoisted, outputs, packed, dropout, folded)
+        activations = None
+        if kept is not None:  # what the backward reads instead of computing again (rows the kernels write)
+            activations = [kept.array(("saved", i), shape) for i, shape in enumerate(self.saved_shapes(lin))]
+        self.run_forward(lin, params, input_arrays, states, hoisted, outputs, packed, dropout, folded, activations)
         for copy, state in zip(copies_of_states, states):
             np.copyto(copy, state[:n])
         result = {name: state[:n] for name, state in zip(abi["states"], copies_of_states or states)}
         result.update(zip(abi["outputs"], outputs))
         if kept is None:
             return result, None
-        saved = Saved(lin, input_arrays, states, hoisted, dropout)
+        saved = Saved(lin, input_arrays, states, hoisted, dropout, activations)
         kept.hold_until_gone(saved)
         return result, saved
 
@@ -733,7 +776,9 @@ class CpuExecutor:
         grads = (d_params, d_inputs, d_states, d_hoisted, upstream_outputs)
         params, packed = self._weights
         try:
-            self.run_backward(lin, params, saved.inputs, saved.states, saved.hoisted, grads, packed, saved.dropout)
+            self.run_backward(
+                lin, params, saved.inputs, saved.states, saved.hoisted, grads, packed, saved.dropout, saved.activations
+            )
         except BaseException:
             for name in sparse_rows:  # written somewhere: not known to be zero any more
                 self._scratch.drop(name)
