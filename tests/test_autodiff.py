@@ -21,7 +21,7 @@ import pytest
 
 import cortexc
 from cortexc.errors import CortexcError, InputError
-from cortexc.ir.ops import Domain, Op
+from cortexc.ir.ops import LEAF_OPS, Domain, Op
 from cortexc.pipeline import compile_file, compile_source
 from cortexc.runtime import reference
 from cortexc.runtime.forest import Forest
@@ -743,14 +743,7 @@ def test_the_tested_cells_reach_every_gradient_rule():
     cells += [example(name, **dims) for name, (dims, _) in EXAMPLE_CASES.items()]
     seen = set().union(*(forward_ops(c) for c in cells))
     ops = {op for op, _, _ in seen}
-    user_ops = {
-        Op.PARAM,
-        Op.INPUT,
-        Op.STATE,
-        Op.CHILD_STATE,
-        Op.CHILD_STATE_AT,
-        Op.HOISTED,
-        Op.CONST,
+    user_ops = (LEAF_OPS - {Op.ADJOINT, Op.SAVED, Op.NUM_CHILDREN}) | {
         Op.ADD,
         Op.SUB,
         Op.MUL,

@@ -143,7 +143,7 @@ def render(program: Program, target: Target, source_file: str) -> str:
         typedefs={name: c_typedef(name, fields) for name, fields in STRUCTS.items()},
         launch_modes=LAUNCH_MODES,
         forward_phases=[_phase_context(program, phase, target) for phase in program.forward],
-        saving_phases=[_phase_context(program, phase, target) for phase in program.saving_forward],
+        saving_phases=[_phase_context(program, phase, target) for phase in program.saving_forward() if program.saved],
         hoist_window=hoist_window(program, target),
         backward_phases=[_phase_context(program, phase, target) for phase in program.backward],
         split_kernel=node.name,

@@ -565,35 +565,7 @@ OPS: dict[Op, OpDef] = {
     )
 }
 
-#: the ops that move data or shapes rather than compute numbers: every stage handles each one itself
-STRUCTURAL_OPS = frozenset(
-    {
-        Op.PARAM,
-        Op.INPUT,
-        Op.STATE,
-        Op.CHILD_STATE,
-        Op.CHILD_STATE_AT,
-        Op.HOISTED,
-        Op.CONST,
-        Op.ADJOINT,
-        Op.SAVED,
-        Op.NUM_CHILDREN,
-        Op.MATMUL,
-        Op.SLICE,
-        Op.CONCAT,
-        Op.EMBED,
-        Op.TRANSPOSE,
-        Op.OUTER,
-        Op.ROWSUM,
-        Op.PAD,
-        Op.EXPAND,
-        Op.SUM,
-        Op.MEAN,
-        Op.MAX,
-        Op.CHILD_SOFTMAX,
-    }
-)
-
+#: the ops with no operands: values read from parameters, inputs, states, constants and the gradient's seeds
 LEAF_OPS = frozenset(
     {
         Op.PARAM,
@@ -608,6 +580,24 @@ LEAF_OPS = frozenset(
         Op.NUM_CHILDREN,
     }
 )
+
+#: the ops that move data or shapes rather than compute numbers: every stage handles each one itself
+STRUCTURAL_OPS = LEAF_OPS | {
+    Op.MATMUL,
+    Op.SLICE,
+    Op.CONCAT,
+    Op.EMBED,
+    Op.TRANSPOSE,
+    Op.OUTER,
+    Op.ROWSUM,
+    Op.PAD,
+    Op.EXPAND,
+    Op.SUM,
+    Op.MEAN,
+    Op.MAX,
+    Op.CHILD_SOFTMAX,
+}
+
 BINARY_OPS = frozenset(op for op, d in OPS.items() if d.kind == OpKind.BINARY)
 UNARY_OPS = frozenset(op for op, d in OPS.items() if d.kind == OpKind.UNARY)
 ELEMENTWISE_OPS = BINARY_OPS | UNARY_OPS

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cortexc.ir.cell import Body, Cell, Value
 from cortexc.ir.ops import Domain
@@ -403,7 +403,12 @@ class Program:
     deferred: tuple[DeferredOuter, ...] | None = None  # set by `passes.deferred` (targets that defer them)
     folds: tuple[Fold, ...] = ()  # set by `passes.fold` (targets that fold look-ups: C)
     saved: tuple[SavedValues, ...] = ()  # set by `passes.saving` (targets that keep activations: C)
-    saving_forward: tuple[Phase, ...] = ()  # the launch order of a training forward, when `saved`
+
+    def saving_forward(self) -> tuple[Phase, ...]:
+        """The launch order of a training forward: the forward's, each kernel whose values are `saved` replaced
+        by its saving variant (the forward itself when nothing is saved)."""
+        renamed = {values.name: values.saving for values in self.saved}
+        return tuple(replace(p, kernel=renamed.get(p.kernel, p.kernel)) for p in self.forward)
 
     def kernel(self, name: str) -> Kernel:
         return next(k for k in self.kernels if k.name == name)

@@ -67,7 +67,6 @@ def save_activations(program: Program) -> Program:
     packed = {tuple(zip(w.params, w.transposed)): w for w in program.packed}
     kernels = list(program.kernels)
     saved: list[SavedValues] = []
-    renamed: dict[str, str] = {}
     for role, saving_role, grad_role in _PAIRS:
         forward = program.role(role)
         grad = program.role(grad_role)
@@ -87,15 +86,12 @@ def save_activations(program: Program) -> Program:
         kernels[kernels.index(grad)] = new_grad
         kernels.insert(kernels.index(forward) + 1, saving)
         saved.append(values)
-        renamed[forward.name] = saving.name
     if not saved or len(packed) != len(program.packed):  # every target packs the same weights (one list)
         return program
-    saving_forward = tuple(replace(p, kernel=renamed.get(p.kernel, p.kernel)) for p in program.forward)
     return replace(
         program,
         kernels=tuple(kernels),
         packed=tuple(packed.values()),
         accumulators=accumulator_layout(cell, kernels),
         saved=tuple(saved),
-        saving_forward=saving_forward,
     )
