@@ -623,10 +623,8 @@ class CpuExecutor:
         gives them. `activations`: what the forward saved (`run_forward`), needed when the package saves any."""
         outputs = [np.empty(0, np.float32) for _ in self.spec["abi"]["outputs"]]
         packed = self._weights[1] if packed is None else packed
-        if self.saved_shapes(lin) and activations is None:
-            raise CortexcError("this package's backward reads what its forward saved: pass the forward's activations")
         call, _tables = self._call(
-            lin, params, packed, inputs, states, hoisted, outputs, dropout, None, self._checked(lin, activations)
+            lin, params, packed, inputs, states, hoisted, outputs, dropout, None, self._checked(lin, activations, True)
         )
         if len(grads) == 5:
             # not zeroed: a kernel writes every row of its terms, and the driver skips the terms of a kernel
@@ -647,11 +645,16 @@ class CpuExecutor:
             for values in self.spec.get("saved", [])
         ]
 
-    def _checked(self, lin: Linearized, activations: Sequence[np.ndarray] | None) -> Sequence[np.ndarray] | None:
-        """`activations` if they fit this package and forest (the kernels write and read them unchecked)."""
-        if activations is None:
-            return None
+    def _checked(
+        self, lin: Linearized, activations: Sequence[np.ndarray] | None, needed: bool = False
+    ) -> Sequence[np.ndarray] | None:
+        """`activations` if they fit this package and forest (the kernels write and read them unchecked);
+        `needed`: a backward, which reads them when the package saves any."""
         shapes = self.saved_shapes(lin)
+        if activations is None:
+            if needed and shapes:
+                raise CortexcError("this package's backward reads what its forward saved: pass its activations")
+            return None
         if len(activations) != len(shapes) or any(
             a.shape != shape or a.dtype != np.float32 or not a.flags.c_contiguous
             for a, shape in zip(activations, shapes)
