@@ -37,7 +37,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -172,7 +172,6 @@ class _Runner:
         # run their own target's kernels, which save nothing)
         cpu = isinstance(self.executor, CpuExecutor)
         saved = self.spec.get("saved", []) if cpu else []
-        self.saved_widths: list[int] = [int(v["width"]) for v in saved]
         self.saved_rows = [(int(v["width"]), v["rows"] == "internal") for v in saved]
         self.repacks = 0  # how often the weights were packed (tests: only when a param changed)
 
@@ -382,9 +381,13 @@ def _forward_shapes(
     return states + hoisted + saved + outputs
 
 
-def _split(runner: _Runner, results: Sequence[Tensor]) -> tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor]]:
-    """The forward's results as states, hoisted rows, saved activations and outputs."""
-    ns, nh, nv = len(runner.states), len(runner.spec["hoisted_widths"]), len(runner.saved_widths)
+_Item = TypeVar("_Item")
+
+
+def _split(runner: _Runner, results: Sequence[_Item]) -> tuple[list[_Item], list[_Item], list[_Item], list[_Item]]:
+    """The forward's results (or anything in their order: their upstream gradients, what autograd saved of
+    them) as states, hoisted rows, saved activations and outputs."""
+    ns, nh, nv = len(runner.states), len(runner.spec["hoisted_widths"]), len(runner.saved_rows)
     kept = ns + nh + nv
     return list(results[:ns]), list(results[ns : ns + nh]), list(results[ns + nh : kept]), list(results[kept:])
 
@@ -552,31 +555,25 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     ctx.train = train
     ctx.set_materialize_grads(False)  # a result the loss does not use has no upstream (and costs nothing)
     ctx.handle = handle
-    ctx.counts = (
-        len(params),
-        len(cell_inputs),
-        len(runner.states),
-        len(runner.spec["hoisted_widths"]),
-        len(runner.saved_widths),
-    )
-    saved = output[: sum(ctx.counts[2:])]
+    ctx.counts = (len(params), len(cell_inputs))
+    states, hoisted, activations, _ = _split(runner, output)
+    saved = [*states, *hoisted, *activations]
     ctx.save_for_backward(*params, *cell_inputs, *forest, dropout_seed, *saved)
 
 
 def _backward(ctx: Any, grads: Sequence[Tensor | None]) -> tuple[Any, ...]:
-    num_params, num_inputs, num_states, num_hoisted, num_activations = ctx.counts
+    num_params, num_inputs = ctx.counts
     saved = list(ctx.saved_tensors)
     params, saved = saved[:num_params], saved[num_params:]
     cell_inputs, saved = saved[:num_inputs], saved[num_inputs:]
     forest, dropout_seed, saved = saved[:6], saved[6], saved[7:]
-    states, hoisted = saved[:num_states], saved[num_states : num_states + num_hoisted]
-    activations = saved[num_states + num_hoisted :]
     runner = _runner(ctx.handle)
+    states, hoisted, activations, _ = _split(runner, saved)
     # None for the forest, train, dropout_seed and fold when given (the dispatcher drops an argument equal to
     # its default, so the op was applied to 11 or 12 arguments: as many flags as autograd says)
     rest = (None,) * (len(ctx.needs_input_grad) - 3)
     grads = list(grads)
-    d_states, d_outputs = grads[:num_states], grads[num_states + num_hoisted + num_activations :]
+    d_states, _, _, d_outputs = _split(runner, grads)
     if all(g is None for g in grads):
         return (None, [None] * num_params, [None] * num_inputs) + rest
     result = cell_backward(
