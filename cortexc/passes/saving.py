@@ -10,10 +10,10 @@ the node kernel whose gradient kernel reads per-node vector values of the forwar
 params, inputs, states, hoisted rows, look-ups, constants; not dropouts, whose masks the gradient
 recomputes): a `SavedValues` listing them; a variant of the forward kernel (`leaf_saving`,
 `node_saving`) that also stores them in the node's row of the saved array; the gradient kernel rebuilt
-from the GRAD body that reads them as `saved` values (so what only they needed is no longer computed);
-and `saving_forward`, the forward's phases with the saving variants in place of the leaf and node
-kernels. The cell's own GRAD bodies (what the reference interpreter runs) are unchanged. A backward of
-this program needs a forward that ran `saving_forward` (the runtime keeps its saved arrays).
+from the GRAD body that reads them as `saved` values (so what only they needed is no longer computed).
+`Program.saving_forward()` then gives the forward's phases with the saving variants in place of the leaf
+and node kernels. The cell's own GRAD bodies (what the reference interpreter runs) are unchanged. A
+backward of this program needs a forward that ran those phases (the runtime keeps its saved arrays).
 """
 
 from __future__ import annotations
