@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import cortexc
@@ -221,15 +222,101 @@ def test_small_levels_shared_by_rows_change_no_bit(packages, rng):
 
 
 def test_levels_of_equal_tile_shares_change_no_bit(packages, rng):
-    """Chains of batch 100, 200 and 50 have levels of 8 tiles of 13 and 25 rows and of 4 of 13 (cx_tile_rows: an
-    even number of nearly equal tiles): 2 threads take equal shares of them in order (schedule(static)), 3
-    threads deal them out (dynamic), 1 runs them all; the backward's chunks likewise. The same bits every way."""
+    """Chains of batch 100, 200 and 50 have levels of 8 tiles of 12-13 and 25 rows and of 4 of 12-13
+    (cx_tile_rows: an even number of tiles, which differ by at most a row): 2 threads take equal shares of them in
+    order (schedule(static)) and go from level to level without a barrier (each reads only its own rows: see
+    cx_aligned), 3 threads deal them out (dynamic), 1 runs them all; the backward's chunks likewise. The same bits
+    every way."""
     package, cache = packages["lstm"]
     seed, shapes = int(rng.integers(0, 2**31)), ((12, 100), (6, 200), (10, 50))
     one, two, three = (_chain_rows(package, cache, threads, seed, shapes) for threads in (1, 2, 3))
     assert [row[:2] for row in two] == [[2, 2]] * 3
     assert [row[:2] for row in three] == [[3, 3]] * 3
     assert [row[2] for row in one] == [row[2] for row in two] == [row[2] for row in three]
+
+
+#: run in a fresh process: per forest (a list of parts, concatenated), forward (inference and training) and
+#: backward of the chain LSTM; prints a digest of all results per forest
+ALIGNED_WORKER = r"""
+import hashlib, json, sys
+from pathlib import Path
+import numpy as np
+from tests.test_determinism import chains_forest
+from cortexc.runtime.loader import import_package
+
+package, seed, forests = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+model = import_package(Path(package)).LSTM(device="cpu", seed=seed)
+rng = np.random.default_rng(seed)
+digests = []
+for parts in forests:
+    forest = chains_forest(parts, seed)
+    x = rng.standard_normal((forest.num_nodes, 7)).astype(np.float32)
+    inference = model(forest, x=x)
+    out = model(forest, grad=True, x=x)
+    grads = model.backward(out, {"h": rng.standard_normal(out["h"].shape).astype(np.float32)})
+    h = hashlib.sha256()
+    for result in (inference, out, grads):
+        for name in sorted(result):
+            h.update(np.ascontiguousarray(result[name]).tobytes())
+    digests.append(h.hexdigest())
+print(json.dumps(digests))
+"""
+
+
+def chains_forest(parts: list[tuple[str, int, int]], seed: int) -> Forest:
+    """Parts ("aligned" | "permuted", T, B), concatenated: B chains of T steps each, numbered so that chain b
+    is row b of every level ("aligned": the driver's levels without a barrier), or so that each level holds
+    the chains in its own random order (node l * B + perm_l[b]: a row's child is at another row below)."""
+    rng = np.random.default_rng(seed)
+    forests = []
+    for kind, steps, batch in parts:
+        if kind == "aligned":
+            forests.append(Forest.concat([_chain(steps)] * batch))
+            continue
+        ids = np.array([level * batch + rng.permutation(batch) for level in range(steps)])  # ids[level, chain]
+        parents = np.full(steps * batch, -1)
+        parents[ids[:-1].ravel()] = ids[1:].ravel()
+        forests.append(Forest.from_parents(parents))
+    return Forest.concat(forests)
+
+
+#: aligned levels (no barrier between them at 2 threads), levels whose children are at other rows, and
+#: forests where an aligned run follows wider mixed levels or is cut by a level of another width
+ALIGNED_FORESTS = [
+    [["aligned", 30, 40]],
+    [["permuted", 30, 40]],
+    [["aligned", 60, 40], ["permuted", 20, 40]],
+    [["aligned", 25, 40], ["aligned", 12, 24]],
+]
+
+
+def test_levels_without_barriers_change_no_bit(packages, rng):
+    """Forward and backward of chains whose levels the threads share without a barrier between them, next to
+    levels that need one: the same bits with 1, 2 and 3 threads, and run to run."""
+    package, cache = packages["lstm"]
+    seed = int(rng.integers(0, 2**31))
+    env = dict(os.environ, CORTEXC_CACHE=cache, PYTHONPATH=str(REPO), CORTEXC_ADAPT_THREADS="0")
+    env.pop("CORTEXC_NUM_THREADS", None)
+    digests = []
+    for threads in (1, 2, 2, 3):
+        done = subprocess.run(
+            [sys.executable, "-c", ALIGNED_WORKER, package, str(seed), json.dumps(ALIGNED_FORESTS)],
+            env=dict(env, OMP_NUM_THREADS=str(threads)),
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr
+        digests.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert digests[0] == digests[1] == digests[2] == digests[3]
+
+
+@pytest.mark.parametrize("parts", ALIGNED_FORESTS[1:])
+def test_levels_without_barriers_against_the_interpreter(parts, rng, tmp_path_factory, monkeypatch):
+    """The same forests at H=64 (levels of 40 rows shared by the threads, whatever else runs) against the
+    interpreter: a level that read a row another thread had not yet written would differ."""
+    monkeypatch.setenv("CORTEXC_ADAPT_THREADS", "0")
+    forest = chains_forest(parts, int(rng.integers(0, 2**31)))
+    _check(EXAMPLES / "lstm.cell", {"X": 7, "H": 64}, forest, rng, tmp_path_factory, monkeypatch)
 
 
 # ------------------------------------------------- the schedule against the interpreter, tiny + huge levels

@@ -462,6 +462,9 @@ def _kernel_context(
         "node_of_row": _NODE_OF_ROW[kernel.rows],
         "symbols": _used(_symbols(cell, program, kernel, target, acc_offsets), [*steps, *offsets]),
         "reads_children": reads_children,
+        # each child edge's row (`er`): only steps over child edges read it, and its fill loop (a branch per
+        # row) was ~3% of a chain LSTM's forward that reads none
+        "edge_rows": bool(_used(["er"], [*steps, *offsets])),
         "child_ks": kernel.child_ks,
         "uses_pre_base": uses_pre_base,
         "buffers": offsets,
