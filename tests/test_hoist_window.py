@@ -1,8 +1,8 @@
 """Windowed hoisting (`Target.hoist_window_bytes`, the C driver's `cx_window_end`): an inference computes the
 hoisted rows a window of levels at a time, into a buffer that stays in cache, instead of all of them before
-the recursion. Its results must be bitwise those of the forward that hoists every row (a training forward,
-or a window as large as the internal nodes) whatever the window, at any thread count, and match the
-interpreter; a window smaller than a level is refused, never overrun."""
+the recursion; so does a training forward whose backward reads no hoisted row. Their results must be bitwise
+those of the forward that hoists every row (a window as large as the internal nodes) whatever the window, at
+any thread count, and match the interpreter; a window smaller than a level is refused, never overrun."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_any_window_gives_the_results_of_hoisting_every_row(key, window, modules
     """Window sizes from one level (1: each window is the widest level, so a wide level is one window of
     its own) to many levels, on forests whose levels range from 1 to hundreds of rows: the inference equals,
     bit for bit, the same model with windowing off, and it matches the interpreter, as does a training forward
-    (which hoists every row, in kernels that also keep the gates: `passes.saving`)."""
+    (in kernels that also keep the gates: `passes.saving`)."""
     model, reference = twin_models(modules[key], "cpu", int(rng.integers(0, 2**31)), rng)
     forest = _mixed_forest(key, rng)
     if window is None:  # the package's own window (thousands of rows at these widths): a larger forest
@@ -98,6 +98,43 @@ def test_any_window_gives_the_results_of_hoisting_every_row(key, window, modules
     for name, value in expected.items():
         assert relative_error(windowed[name], value) < 1e-5, name
         assert relative_error(kept[name], value) < 1e-5, name
+
+
+@pytest.mark.parametrize("key", list(CELLS))
+@pytest.mark.parametrize("window", [1, 8, None])
+def test_a_training_forward_windows_where_its_backward_reads_no_hoisted_row(key, window, modules, rng, monkeypatch):
+    """The chain LSTM's gradient kernels read what its forward saved, never a hoisted row: its training forward
+    hoists a window of levels at a time too and keeps no hoisted rows for the backward. The child-sum
+    Tree-LSTM's backward reads them, so its training forward hoists and keeps every row. Either way the
+    results and the gradients are bitwise those of hoisting every row, and match the interpreter."""
+    model, reference = twin_models(modules[key], "cpu", int(rng.integers(0, 2**31)), rng)
+    executor = _executor(model)
+    assert executor.spec["training_window"] == (key == "lstm")
+    forest = _mixed_forest(key, rng)
+    if window is None:
+        forest = Forest.concat([forest] + [_chain(500)] * 10)
+    else:
+        monkeypatch.setitem(executor.spec, "hoisted_window_rows", window)
+    lin = linearize(forest)
+    internal = lin.num_nodes - lin.num_leaves
+    assert executor.hoisted_window_rows(lin) < internal
+    inputs = random_inputs(model.cell, forest, rng)
+    out = model(forest, grad=True, **inputs)
+    kept = out.saved[3]
+    assert [h.shape[0] for h in kept.hoisted] == ([] if key == "lstm" else [internal] * 2)
+    upstream = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in out.items()}
+    grads = model.backward(out, upstream)
+    monkeypatch.setitem(executor.spec, "training_window", False)  # every row hoisted and kept
+    whole = model(forest, grad=True, **inputs)
+    assert [h.shape[0] for h in whole.saved[3].hoisted] == [internal] * len(executor.spec["hoisted_widths"])
+    assert _digest(dict(out)) == _digest(dict(whole))
+    assert _digest(grads) == _digest(model.backward(whole, upstream))
+    expected = reference(forest, grad=True, **inputs)
+    for name, value in expected.items():
+        assert relative_error(out[name], value) < 1e-5, name
+    expected_grads = reference.backward(expected, upstream)
+    for name, value in expected_grads.items():
+        assert relative_error(grads[name], value) < 1e-5, name
 
 
 def test_saturated_inputs_agree_with_the_interpreter_through_windows(modules, rng, monkeypatch):

@@ -146,6 +146,9 @@ def package_files(source: str, source_file: str, options: CompileOptions, render
         # an inference may hoist a window of levels at a time (the C driver): the rows the runtime gives it
         window = hoist_window(c_program, TARGETS["c"]) if c_program is not None else None
         spec["hoisted_window_rows"] = window["rows"] if window is not None else 0
+        # a training forward may too where its backward reads no hoisted row (it then keeps none for it)
+        training = hoist_window(c_program, TARGETS["c"], training=True) if c_program and window else None
+        spec["training_window"] = training is not None
         spec["launch"] = options.launch.to_json()
         specs.append(spec)
     description = {

@@ -229,7 +229,8 @@ _empty = aligned_empty
 
 
 class Saved:
-    """What a forward keeps for the backward: the full state arrays (with the zero row), hoisted rows, the
+    """What a forward keeps for the backward: the full state arrays (with the zero row), hoisted rows (none
+    where the backward reads none: `training_window`), the
     saved activations (the package's "saved" arrays, `[N, width]`: what the gradient kernels read instead of
     computing again) and the dropout mode (the backward recomputes the masks from it)."""
 
@@ -692,7 +693,11 @@ class CpuExecutor:
         copies_of_states: list[np.ndarray] = []
         if kept is not None:  # kept for the backward: arrays of its own (recycled memory, see `_Recycled`)
             states = kept.states(n, state_shapes)
-            hoisted = [kept.array(("hoisted", i), (internal, width)) for i, width in enumerate(widths)]
+            if self.spec.get("training_window"):  # the backward reads no hoisted row: a window, as an inference's
+                rows = self.hoisted_window_rows(lin)
+                hoisted = self._scratch.arrays("hoisted", [(rows, width) for width in widths], zero=False)
+            else:
+                hoisted = [kept.array(("hoisted", i), (internal, width)) for i, width in enumerate(widths)]
             # the caller's: copies of the states and the outputs, from one fresh buffer (see `_fresh_arrays`)
             fresh = _fresh_arrays([(n, *shape) for shape in state_shapes] + output_shapes)
             copies_of_states, outputs = fresh[: len(state_shapes)], fresh[len(state_shapes) :]
@@ -724,7 +729,9 @@ class CpuExecutor:
         result.update(zip(abi["outputs"], outputs))
         if kept is None:
             return result, None
-        saved = Saved(lin, input_arrays, states, hoisted, dropout, activations)
+        # a window is this thread's scratch, reused by its next call: the backward gets no hoisted rows then
+        kept_hoisted = [] if self.spec.get("training_window") else hoisted
+        saved = Saved(lin, input_arrays, states, kept_hoisted, dropout, activations)
         kept.hold_until_gone(saved)
         return result, saved
 
@@ -768,9 +775,10 @@ class CpuExecutor:
                 d_state[...] = 0.0
         # the hoisted rows' gradients: not zeroed where the node gradient kernel SETs them (every internal
         # row, before the hoisted projections' backward reads them); zeroed where it stores none
+        internal = n - lin.num_leaves
         d_hoisted = [
-            self._scratch.arrays(f"d_hoisted{index}", [h.shape], zero=not is_set)[0]
-            for index, (h, is_set) in enumerate(zip(saved.hoisted, self._hoisted_set))
+            self._scratch.arrays(f"d_hoisted{index}", [(internal, width)], zero=not is_set)[0]
+            for index, (width, is_set) in enumerate(zip(self.spec["hoisted_widths"], self._hoisted_set))
         ]
         upstream_outputs = [
             None if name not in upstream else np.ascontiguousarray(upstream[name], np.float32)
@@ -778,9 +786,11 @@ class CpuExecutor:
         ]
         grads = (d_params, d_inputs, d_states, d_hoisted, upstream_outputs)
         params, packed = self._weights
+        # none kept (`training_window`): empty arrays, one per hoisted array, that the gradient kernels never read
+        hoisted = saved.hoisted or [np.empty((0, width), np.float32) for width in self.spec["hoisted_widths"]]
         try:
             self.run_backward(
-                lin, params, saved.inputs, saved.states, saved.hoisted, grads, packed, saved.dropout, saved.activations
+                lin, params, saved.inputs, saved.states, hoisted, grads, packed, saved.dropout, saved.activations
             )
         except BaseException:
             for name in sparse_rows:  # written somewhere: not known to be zero any more
