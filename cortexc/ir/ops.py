@@ -425,13 +425,14 @@ OPS: dict[Op, OpDef] = {
             # libm's tanhf, vectorised by libmvec, but exactly +-1 where float32's tanh is (|x| >= 9.010914):
             # the 16-lane build (-mprefer-vector-width=512) gave 0.99999994 at 9.5, and 1 - tanh^2 must be 0
             # there as the interpreter's is. An exp-based tanh, rounded as float32's own near saturation
-            # (99.96% in [3, 10], against libmvec's 59-73%, within 1 ulp either way), was 4-8% slower. The
-            # test is on the bits of |x| (0x41102cb4 is 9.010914f, 0x7f800000 inf): a float compare may be
-            # inverted under -ffinite-math-only, arms swapped (it was, in one build), and NaN then gave 1
+            # (99.96% in [3, 10], against libmvec's 59-73%, within 1 ulp either way), was 4-8% slower. Saturated,
+            # the result is made from t itself (t (2 - |t|) by one fma: exactly +-1 for |t| within a few ulps of
+            # 1, NaN for NaN), so NaN passes through whichever way -ffinite-math-only turns the select (it once
+            # became `|x| < 9.01 ? t : +-1`, and NaN gave 1). Float ops only: a test on the bits of |x| changed
+            # how gcc vectorised the 16-column loops of a split level, so 1 and 2 threads differed (SST, H=256)
             c_helper=(
-                "float cx_tanh(float x) { const float t = tanhf(x); union { float f; uint32_t u; } b = { x };"
-                " const uint32_t a = b.u & 0x7fffffffu;"
-                " return a >= 0x41102cb4u && a <= 0x7f800000u ? copysignf(1.0f, x) : t; }"
+                "float cx_tanh(float x) { const float t = tanhf(x);"
+                " return fabsf(x) >= 9.010914f ? fmaf(-t, fabsf(t), 2.0f * t) : t; }"
             ),
         ),
         OpDef(Op.RELU, _U, "relu", same_shape, lambda x: np.maximum(x, 0), "fmaxf({0}, 0.0f)", _d_relu, 0.0),
