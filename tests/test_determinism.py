@@ -108,18 +108,19 @@ def packages(tmp_path_factory):
     return built
 
 
-def _digests(package: str, cache: str, threads: int, seed: int, runs: int, trees: int = 300) -> list[str]:
+def _run_worker(worker: str, cache: str, threads: int, *args: str):
+    """A worker script in a fresh process with exactly `threads` OpenMP threads (whatever else runs): the JSON
+    of its last line."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), CORTEXC_CACHE=cache, PYTHONPATH=str(REPO))
     env.pop("CORTEXC_NUM_THREADS", None)
-    env["CORTEXC_ADAPT_THREADS"] = "0"  # exactly these threads, whatever else runs
-    done = subprocess.run(
-        [sys.executable, "-c", WORKER, package, str(seed), str(runs), str(trees)],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    env["CORTEXC_ADAPT_THREADS"] = "0"
+    done = subprocess.run([sys.executable, "-c", worker, *args], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])["digests"]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _digests(package: str, cache: str, threads: int, seed: int, runs: int, trees: int = 300) -> list[str]:
+    return _run_worker(WORKER, cache, threads, package, str(seed), str(runs), str(trees))["digests"]
 
 
 @pytest.mark.parametrize(
@@ -144,10 +145,27 @@ def test_forward_and_backward_are_bitwise_equal_run_to_run_and_across_thread_cou
     assert one[0] == two[0] == three[0], f"{key}: 1, 2 and 3 threads differ"
 
 
+#: the digest the workers below print per forest: every result of an inference, a training forward and its
+#: backward, in name order
+DIGEST = r"""
+import hashlib
+import numpy as np
+
+
+def digest(*results):
+    h = hashlib.sha256()
+    for result in results:
+        for name in sorted(result):
+            h.update(np.ascontiguousarray(result[name]).tobytes())
+    return h.hexdigest()
+"""
+
 #: run in a fresh process: SST batches of 10 trees (random word ids), forward (inference and training) and
 #: backward; prints a digest of all results per batch
-SST_WORKER = r"""
-import hashlib, json, sys
+SST_WORKER = (
+    DIGEST
+    + r"""
+import json, sys
 from pathlib import Path
 import numpy as np
 from cortexc import Forest
@@ -166,13 +184,10 @@ for k in range(4):
     inference = model(forest, word=word)
     out = model(forest, grad=True, word=word)
     grads = model.backward(out, {"logits": rng.standard_normal(out["logits"].shape).astype(np.float32)})
-    h = hashlib.sha256()
-    for result in (inference, out, grads):
-        for name in sorted(result):
-            h.update(np.ascontiguousarray(result[name]).tobytes())
-    digests.append(h.hexdigest())
+    digests.append(digest(inference, out, grads))
 print(json.dumps(digests))
 """
+)
 
 
 def test_sst_batches_are_bitwise_equal_across_thread_counts(packages, rng):
@@ -181,18 +196,7 @@ def test_sst_batches_are_bitwise_equal_across_thread_counts(packages, rng):
     every way (random forests did not show a helper that made the two kinds of loop round differently)."""
     package, cache = packages["binary_treelstm_h256_split"]
     seed, path = int(rng.integers(0, 2**31)), str(sst_path("dev"))
-    env = dict(os.environ, CORTEXC_CACHE=cache, PYTHONPATH=str(REPO), CORTEXC_ADAPT_THREADS="0")
-    env.pop("CORTEXC_NUM_THREADS", None)
-    digests = []
-    for threads in (1, 2, 3):
-        done = subprocess.run(
-            [sys.executable, "-c", SST_WORKER, package, str(seed), path],
-            env=dict(env, OMP_NUM_THREADS=str(threads)),
-            capture_output=True,
-            text=True,
-        )
-        assert done.returncode == 0, done.stderr
-        digests.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    digests = [_run_worker(SST_WORKER, cache, threads, package, str(seed), path) for threads in (1, 2, 3)]
     assert digests[0] == digests[1] == digests[2]
 
 
@@ -232,17 +236,7 @@ print(json.dumps(rows))
 
 
 def _chain_rows(package: str, cache: str, threads: int, seed: int, shapes=((40, 16), (40, 17), (6, 20), (8, 20))):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), CORTEXC_CACHE=cache, PYTHONPATH=str(REPO))
-    env.pop("CORTEXC_NUM_THREADS", None)
-    env["CORTEXC_ADAPT_THREADS"] = "0"  # exactly these threads, whatever else runs
-    done = subprocess.run(
-        [sys.executable, "-c", CHAINS_WORKER, package, str(seed), json.dumps(shapes)],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return _run_worker(CHAINS_WORKER, cache, threads, package, str(seed), json.dumps(shapes))
 
 
 def test_the_thread_count_chosen_per_call_changes_no_bit(packages, rng):
@@ -299,8 +293,10 @@ def test_levels_of_equal_tile_shares_change_no_bit(packages, rng):
 
 #: run in a fresh process: per forest (a list of parts, concatenated), forward (inference and training) and
 #: backward of the chain LSTM; prints a digest of all results per forest
-ALIGNED_WORKER = r"""
-import hashlib, json, sys
+ALIGNED_WORKER = (
+    DIGEST
+    + r"""
+import json, sys
 from pathlib import Path
 import numpy as np
 from tests.test_determinism import chains_forest
@@ -316,13 +312,10 @@ for parts in forests:
     inference = model(forest, x=x)
     out = model(forest, grad=True, x=x)
     grads = model.backward(out, {"h": rng.standard_normal(out["h"].shape).astype(np.float32)})
-    h = hashlib.sha256()
-    for result in (inference, out, grads):
-        for name in sorted(result):
-            h.update(np.ascontiguousarray(result[name]).tobytes())
-    digests.append(h.hexdigest())
+    digests.append(digest(inference, out, grads))
 print(json.dumps(digests))
 """
+)
 
 
 def chains_forest(parts: list[tuple[str, int, int]], seed: int) -> Forest:
@@ -356,19 +349,8 @@ def test_levels_without_barriers_change_no_bit(packages, rng):
     """Forward and backward of chains whose levels the threads share without a barrier between them, next to
     levels that need one: the same bits with 1, 2 and 3 threads, and run to run."""
     package, cache = packages["lstm"]
-    seed = int(rng.integers(0, 2**31))
-    env = dict(os.environ, CORTEXC_CACHE=cache, PYTHONPATH=str(REPO), CORTEXC_ADAPT_THREADS="0")
-    env.pop("CORTEXC_NUM_THREADS", None)
-    digests = []
-    for threads in (1, 2, 2, 3):
-        done = subprocess.run(
-            [sys.executable, "-c", ALIGNED_WORKER, package, str(seed), json.dumps(ALIGNED_FORESTS)],
-            env=dict(env, OMP_NUM_THREADS=str(threads)),
-            capture_output=True,
-            text=True,
-        )
-        assert done.returncode == 0, done.stderr
-        digests.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    seed, forests = int(rng.integers(0, 2**31)), json.dumps(ALIGNED_FORESTS)
+    digests = [_run_worker(ALIGNED_WORKER, cache, threads, package, str(seed), forests) for threads in (1, 2, 2, 3)]
     assert digests[0] == digests[1] == digests[2] == digests[3]
 
 

@@ -131,6 +131,7 @@ def render(program: Program, target: Target, source_file: str) -> str:
                 index = packed_index[step.packed]
                 split_weights[index] = {"index": index, "periods": step.m // split.period, "k": step.k}
     staged = {k["name"]: k["staged"] for k in kernels}
+    window = hoist_window(program, target)
     template = environment().get_template("kernels.j2")
     return template.render(
         target=target,
@@ -144,8 +145,8 @@ def render(program: Program, target: Target, source_file: str) -> str:
         launch_modes=LAUNCH_MODES,
         forward_phases=[_phase_context(program, phase, target) for phase in program.forward],
         saving_phases=[_phase_context(program, phase, target) for phase in program.saving_forward() if program.saved],
-        hoist_window=hoist_window(program, target),
-        saving_window=hoist_window(program, target, training=True) if hoist_window(program, target) else None,
+        hoist_window=window,
+        saving_window=hoist_window(program, target, training=True) if window else None,
         backward_phases=[_phase_context(program, phase, target) for phase in program.backward],
         split_kernel=node.name,
         accumulators=accumulators,

@@ -691,21 +691,21 @@ class CpuExecutor:
         state_shapes = self.spec["state_shapes"]
         output_shapes = [(len(lin.roots) if out["at_root"] else n, *out["shape"]) for out in self.spec["outputs"]]
         copies_of_states: list[np.ndarray] = []
+        # a training forward whose backward reads no hoisted row computes them a window at a time, as an inference
+        windowed = kept is None or bool(self.spec.get("training_window"))
         if kept is not None:  # kept for the backward: arrays of its own (recycled memory, see `_Recycled`)
             states = kept.states(n, state_shapes)
-            if self.spec.get("training_window"):  # the backward reads no hoisted row: a window, as an inference's
-                rows = self.hoisted_window_rows(lin)
-                hoisted = self._scratch.arrays("hoisted", [(rows, width) for width in widths], zero=False)
-            else:
-                hoisted = [kept.array(("hoisted", i), (internal, width)) for i, width in enumerate(widths)]
             # the caller's: copies of the states and the outputs, from one fresh buffer (see `_fresh_arrays`)
             fresh = _fresh_arrays([(n, *shape) for shape in state_shapes] + output_shapes)
             copies_of_states, outputs = fresh[: len(state_shapes)], fresh[len(state_shapes) :]
         else:  # the caller's: the states and the outputs, from one fresh buffer
             arrays = _state_arrays(n, state_shapes, output_shapes)
             states, outputs = arrays[: len(state_shapes)], arrays[len(state_shapes) :]
+        if windowed or kept is None:  # this thread's scratch, reused by its next call: a backward gets none
             rows = self.hoisted_window_rows(lin)
             hoisted = self._scratch.arrays("hoisted", [(rows, width) for width in widths], zero=False)
+        else:  # every row, kept for the backward
+            hoisted = [kept.array(("hoisted", i), (internal, width)) for i, width in enumerate(widths)]
         # kept for a backward: the inputs are copied (they may be the caller's arrays) and the states returned
         # as copies, so editing either afterwards cannot change the gradients (one copy of each, O(N * width))
         input_arrays = [inputs[name] for name in abi["inputs"]]
@@ -729,9 +729,7 @@ class CpuExecutor:
         result.update(zip(abi["outputs"], outputs))
         if kept is None:
             return result, None
-        # a window is this thread's scratch, reused by its next call: the backward gets no hoisted rows then
-        kept_hoisted = [] if self.spec.get("training_window") else hoisted
-        saved = Saved(lin, input_arrays, states, kept_hoisted, dropout, activations)
+        saved = Saved(lin, input_arrays, states, [] if windowed else hoisted, dropout, activations)
         kept.hold_until_gone(saved)
         return result, saved
 
