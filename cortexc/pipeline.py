@@ -119,7 +119,8 @@ def schedule_stage(cells: tuple[Cell, ...], job: Job) -> tuple[Program, ...]:
 def target_stage(programs: tuple[Program, ...], job: Job) -> tuple[tuple[TargetProgram, ...], ...]:
     """Requires: scheduled programs. Guarantees: per cell, one program per target of the options, after
     that target's program passes: saved activations (`passes.saving`) for one whose training forward keeps
-    what the gradient kernels read (`Target.save_activations`), the column split
+    what the gradient kernels read (`Target.save_activations`), the direct node kernel (`passes.direct`) for
+    one whose inferences may skip hoisting (`Target.direct_node`), the column split
     (`passes.columns.split_columns`) for a target that shares small levels
     among blocks by columns (`Target.column_split`), deferred weight gradients
     (`passes.deferred`) for one that computes them after the recursion (`Target.defer_outer_products`),
@@ -128,6 +129,7 @@ def target_stage(programs: tuple[Program, ...], job: Job) -> tuple[tuple[TargetP
     from cortexc.codegen.target import TARGETS
     from cortexc.passes.columns import split_columns
     from cortexc.passes.deferred import defer_outer_products
+    from cortexc.passes.direct import direct_node
     from cortexc.passes.fold import fold_lookups
     from cortexc.passes.saving import save_activations
 
@@ -138,6 +140,8 @@ def target_stage(programs: tuple[Program, ...], job: Job) -> tuple[tuple[TargetP
             target, variant = TARGETS[name], program
             if target.save_activations:
                 variant = save_activations(variant)
+            if target.direct_node:
+                variant = direct_node(variant)
             if target.column_split:
                 variant = split_columns(variant, target.column_granule)
             if target.defer_outer_products:

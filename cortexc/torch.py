@@ -154,13 +154,13 @@ class _Runner:
         ranges = {i["name"]: i["index_range"] for i in self.spec["inputs"] if i["dtype"] == "int32"}
         self.index_ranges = {position: ranges[name] for position, name in enumerate(self.inputs) if name in ranges}
         self.packed_positions = sorted(
-            {self.params.index(p) for weight in self.spec["packed"] for p in weight["params"]}
+            {self.params.index(p) for weights in self.spec["packed"].values() for w in weights for p in w["params"]}
         )
         self._packed_key: tuple[tuple[int, int], ...] | None = None
         # folded look-up projections (`cortexc.passes.fold`, the C target's): the params each fold reads (its
         # table and its packed weight's params), and the weights value the executor's tables are paired with
         folds = self.spec.get("folds") or []
-        packed_params = {weight["name"]: weight["params"] for weight in self.spec["packed"]}
+        packed_params = {weight["name"]: weight["params"] for weight in self.spec["packed"].get("c", [])}
         self.fold_positions = sorted(
             {self.params.index(f["table"]) for f in folds}
             | {self.params.index(p) for f in folds for p in packed_params[f["packed"]]}

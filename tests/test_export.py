@@ -208,6 +208,16 @@ def test_run_matches_python_on_chains(exported, rng):
     _compare(exp, forest, random_inputs(exp.cls.signature, forest, rng))
 
 
+def test_run_matches_python_on_wide_chains(exported, rng):
+    """Levels of 8 rows: the exported library, like the Python runtime, runs the direct node kernel, whose
+    weight is its params side by side (`passes.direct`), packed by the export's own loader."""
+    exp = exported("lstm")
+    lengths = rng.integers(20, 30, 8)
+    forest = Forest.concat([Forest.from_parents([i + 1 if i < n - 1 else -1 for i in range(n)]) for n in lengths])
+    assert any(w["columns"] for w in exp.cls._spec["packed"]["c"])
+    _compare(exp, forest, random_inputs(exp.cls.signature, forest, rng))
+
+
 def test_run_matches_python_on_dags(exported, rng):
     exp = exported("dagrnn")
     for nodes in (1, 12, 80):

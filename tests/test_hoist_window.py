@@ -19,11 +19,18 @@ import cortexc
 from cortexc import Forest
 from cortexc.codegen.target import TARGETS
 from cortexc.errors import CortexcError
+from cortexc.runtime.cpu import CpuExecutor
 from cortexc.runtime.linearize import linearize
 from tests.helpers import EXAMPLES, REPO, random_inputs, relative_error, twin_models
 
 #: cells with hoisted input projections: a chain LSTM, a child-sum Tree-LSTM (two hoisted arrays)
 CELLS = {"lstm": ("lstm.cell", {"X": 7, "H": 9}), "treelstm": ("treelstm.cell", {"X": 6, "H": 8})}
+
+
+@pytest.fixture(autouse=True)
+def _hoisted_node_kernel(monkeypatch):
+    """Windows are the hoisted kernel's: these forests' wide levels would run the direct one (`passes.direct`)."""
+    monkeypatch.setattr(CpuExecutor, "direct", 1)
 
 
 @pytest.fixture(scope="module")
@@ -175,6 +182,7 @@ from cortexc.runtime.loader import import_package
 module = import_package(Path(sys.argv[1]))
 model = getattr(module, module.__all__[0])(device="cpu", seed=int(sys.argv[2]))
 model._executor_for_device().spec["hoisted_window_rows"] = int(sys.argv[3])
+model._executor_for_device().direct = 1  # the hoisted node kernel (the direct one has no window)
 rng = np.random.default_rng(int(sys.argv[2]))
 chain = lambda n: Forest.from_parents([i + 1 if i < n - 1 else -1 for i in range(n)])
 forest = Forest.concat([chain(200)] * 40 + [chain(int(n)) for n in rng.integers(2, 50, 60)])

@@ -38,7 +38,7 @@ from cortexc.options import CompileOptions
 if TYPE_CHECKING:
     from cortexc.pipeline import Rendered
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,21 @@ def _deferred_json(program: Program) -> list[dict[str, Any]]:
     return [{"rows": t.rows.value, "m": t.m, "k": t.k, "param": t.param} for t in program.deferred or ()]
 
 
+def _packed_json(program: Program) -> list[dict[str, Any]]:
+    """A program's packed weights, in the order its kernels index `cx_call.packed`, as the runtime packs them."""
+    return [
+        {
+            "name": w.name,
+            "params": list(w.params),
+            "m": w.m,
+            "k": w.k,
+            "transposed": list(w.transposed),
+            "columns": w.columns,
+        }
+        for w in program.packed
+    ]
+
+
 def cell_spec(cell: Cell, program: Program, kernel_files: Mapping[str, str]) -> dict[str, Any]:
     return {
         "name": cell.name,
@@ -92,10 +107,6 @@ def cell_spec(cell: Cell, program: Program, kernel_files: Mapping[str, str]) -> 
         "state_shapes": [list(s.shape) for s in cell.states],
         "outputs": [{"name": o.name, "shape": list(o.shape), "at_root": o.at_root} for o in cell.outputs],
         "hoisted_widths": hoisted_widths(cell),
-        "packed": [
-            {"name": w.name, "params": list(w.params), "m": w.m, "k": w.k, "transposed": list(w.transposed)}
-            for w in program.packed
-        ],
         "abi": abi(cell, program),
         "kernels": dict(kernel_files),
         "deferred": _deferred_json(program),  # the last target's (CUDA's when it is built): runtime/device.py
@@ -131,6 +142,8 @@ def package_files(source: str, source_file: str, options: CompileOptions, render
         spec = cell_spec(item.cell, program, kernel_files)
         # the deferred weight gradients differ by target (C keeps small ones per tile): each kernel's own
         spec["deferred_by_target"] = {v.target: _deferred_json(v.program) for v in item.programs}
+        # the packed weights differ by target too (C's direct node kernel has one of its own): each library's
+        spec["packed"] = {v.target: _packed_json(v.program) for v in item.programs}
         spec["kernel_sha256"] = hashes
         # the folded look-up projections of the C program (the one target that folds): what `cx_fold` builds
         c_program = next((v.program for v in item.programs if v.target == "c"), None)

@@ -145,6 +145,8 @@ def render(program: Program, target: Target, source_file: str) -> str:
         launch_modes=LAUNCH_MODES,
         forward_phases=[_phase_context(program, phase, target) for phase in program.forward],
         saving_phases=[_phase_context(program, phase, target) for phase in program.saving_forward() if program.saved],
+        direct_phases=[_phase_context(program, phase, target) for phase in program.direct],
+        direct_min_rows=DIRECT_MIN_ROWS,
         hoist_window=window,
         saving_window=hoist_window(program, target, training=True) if window else None,
         backward_phases=[_phase_context(program, phase, target) for phase in program.backward],
@@ -181,6 +183,11 @@ def render(program: Program, target: Target, source_file: str) -> str:
         split_stage_floats=-(-target.tile_rows * (max((w["k"] for w in split_weights.values()), default=0) + 1) // 4)
         * 4,
     )
+
+
+#: an inference runs the direct node kernel (`passes.direct`) where the levels above the leaves hold this many
+#: rows or more on average (`cx_direct` in the C driver)
+DIRECT_MIN_ROWS = 3
 
 
 def hoist_window(program: Program, target: Target, training: bool = False) -> dict[str, Any] | None:

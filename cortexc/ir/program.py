@@ -261,6 +261,7 @@ class KernelRole(enum.Enum):
     NODE = "node"
     LEAF_SAVING = "leaf_saving"  # a training forward's leaf kernel: also keeps values for the gradient
     NODE_SAVING = "node_saving"
+    NODE_DIRECT = "node_direct"  # an inference's node kernel that reads no hoisted row (`passes.direct`)
     OUTPUT = "out"
     GRAD_OUTPUT = "grad_out"
     GRAD_NODE = "grad_node"
@@ -338,13 +339,15 @@ class Phase:
 
 @dataclass(frozen=True)
 class PackedWeight:
-    """Params stacked by rows and packed once at load time for the GEMM micro-kernel."""
+    """Params stacked by rows (or, `columns`, side by side) and packed once at load time for the GEMM
+    micro-kernel."""
 
     name: str
     params: tuple[str, ...]
     m: int
     k: int
     transposed: tuple[bool, ...] = ()  # per param: pack its transpose (backward products W^T @ g)
+    columns: bool = False  # [P_1 | P_2 | ...]: the direct node kernel's product (`passes.direct`)
 
 
 @dataclass(frozen=True)
@@ -403,6 +406,7 @@ class Program:
     deferred: tuple[DeferredOuter, ...] | None = None  # set by `passes.deferred` (targets that defer them)
     folds: tuple[Fold, ...] = ()  # set by `passes.fold` (targets that fold look-ups: C)
     saved: tuple[SavedValues, ...] = ()  # set by `passes.saving` (targets that keep activations: C)
+    direct: tuple[Phase, ...] = ()  # set by `passes.direct`: an inference's phases with the direct node kernel
 
     def saving_forward(self) -> tuple[Phase, ...]:
         """The launch order of a training forward: the forward's, each kernel whose values are `saved` replaced

@@ -22,6 +22,7 @@ from cortexc.ir.program import (
     ChildSoftmax,
     Gemm,
     Kernel,
+    KernelRole,
     Loop,
     PlaceKind,
     Program,
@@ -65,6 +66,14 @@ def _verify(program: Program) -> None:
     for weight in program.packed:
         _expect(all(p in params for p in weight.params), f"packed {weight.name} names an unknown param")
         _expect(weight.m > 0 and weight.k > 0, f"packed {weight.name} is empty")
+        if weight.columns and all(p in params for p in weight.params):
+            shapes = [params[p].shape for p in weight.params]
+            _expect(
+                not any(weight.transposed)
+                and all(len(s) == 2 and s[0] == weight.m for s in shapes)
+                and sum(s[1] for s in shapes) == weight.k,
+                f"packed {weight.name}: its params side by side are not [{weight.m}, {weight.k}]",
+            )
     accumulated = {name: floats for name, _, floats in program.accumulators}
     offset = 0
     for name, start, floats in program.accumulators:
@@ -107,6 +116,7 @@ def _verify(program: Program) -> None:
                     f"kernel {kernel.name}: GEMM of fold {step.fold} is not a product of its table's rows",
                 )
     _verify_saved(program)
+    _verify_direct(program)
     for kernel in program.kernels:
         try:
             _verify_kernel(program, kernel, packed, accumulated)
@@ -146,6 +156,24 @@ def _verify_saved(program: Program) -> None:
                 _expect(named is None or end <= named.width, f"kernel {kernel.name}: a saved read past the row")
     if program.saved:
         _expect(all(p.kernel in names for p in program.saving_forward()), "saving forward names a missing kernel")
+
+
+def _verify_direct(program: Program) -> None:
+    """The direct phases (`passes.direct`): the forward's, without the pre kernel, the direct node kernel (which
+    reads no hoisted row) in place of the node kernel; and a direct node kernel only with them."""
+    direct = [k for k in program.kernels if k.role == KernelRole.NODE_DIRECT]
+    _expect(len(direct) == (1 if program.direct else 0), "a direct node kernel without direct phases, or the reverse")
+    if not program.direct:
+        return
+    kernel = direct[0]
+    _expect(all(v.op != Op.HOISTED for v in kernel.body.values), f"{kernel.name} reads hoisted rows")
+    node, pre = program.role(KernelRole.NODE).name, program.role(KernelRole.PRE).name
+    expected = tuple(
+        dataclasses.replace(p, kernel=kernel.name) if p.kernel == node else p
+        for p in program.forward
+        if p.kernel != pre
+    )
+    _expect(program.direct == expected, "the direct phases are not the forward's without pre, node_direct for node")
 
 
 def _verify_kernel(program: Program, kernel: Kernel, packed: dict, accumulated: dict) -> None:

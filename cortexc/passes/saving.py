@@ -24,7 +24,7 @@ from cortexc.ir.cell import Body, DType
 from cortexc.ir.ops import LEAF_OPS, Domain, Op
 from cortexc.ir.program import KernelRole, Program, Rows, SavedValues, width
 from cortexc.passes.autodiff import grad_body, recomputed_reads
-from cortexc.passes.schedule import accumulator_layout, schedule_kernel
+from cortexc.passes.schedule import accumulator_layout, packed_key, schedule_kernel
 
 #: forward ops never worth saving: what a kernel reads where it lives, views and dropouts (see above)
 _NOT_SAVED = LEAF_OPS | {Op.EMBED, Op.EXPAND, Op.TRANSPOSE, Op.DROPOUT}
@@ -64,7 +64,7 @@ def save_activations(program: Program) -> Program:
     cell = program.cell
     if cell.grads is None or program.saved:
         return program
-    packed = {tuple(zip(w.params, w.transposed)): w for w in program.packed}
+    packed = {packed_key(w): w for w in program.packed}
     kernels = list(program.kernels)
     saved: list[SavedValues] = []
     for role, saving_role, grad_role in _PAIRS:

@@ -33,7 +33,7 @@ from collections import defaultdict
 from dataclasses import replace
 
 from cortexc.ir.cell import Body, Cell, GradKind, GradTarget, Value
-from cortexc.ir.ops import BINARY_OPS, LEAF_OPS, OPS, REDUCE_OPS, UNARY_OPS, VECTOR_OPS, Op
+from cortexc.ir.ops import BINARY_OPS, LEAF_OPS, OPS, REDUCE_OPS, UNARY_OPS, VECTOR_OPS, Domain, Op
 from cortexc.ir.program import (
     AccumOuter,
     AccumSum,
@@ -116,6 +116,7 @@ _SWEEPS = {
     KernelRole.NODE: Sweep.UP,
     KernelRole.LEAF_SAVING: Sweep.LEAVES,
     KernelRole.NODE_SAVING: Sweep.UP,
+    KernelRole.NODE_DIRECT: Sweep.UP,
     KernelRole.OUTPUT: Sweep.ALL,
     KernelRole.GRAD_OUTPUT: Sweep.ALL,
     KernelRole.GRAD_NODE: Sweep.DOWN,
@@ -164,6 +165,31 @@ def _gemm_left(body: Body, value: Value) -> tuple[str, bool] | None:
     return None
 
 
+def stacked_left(body: Body, value: Value) -> tuple[str, ...] | None:
+    """The params of a product whose left is params side by side, ``transpose(concat(transpose(P_1), ...))``
+    (`passes.direct` writes ``P_1 @ a + P_2 @ b`` so), else None."""
+    left, right = (body.values[a] for a in value.args)
+    if len(right.shape) != 1 or left.op != Op.TRANSPOSE:
+        return None
+    stacked = body.values[left.args[0]]
+    if stacked.op != Op.CONCAT:
+        return None
+    names = []
+    for arg in stacked.args:
+        column = body.values[arg]
+        if column.op != Op.TRANSPOSE or body.values[column.args[0]].op != Op.PARAM:
+            return None
+        names.append(body.values[column.args[0]].name)
+    return tuple(names)
+
+
+def packed_key(weight: PackedWeight) -> tuple:
+    """What identifies a packed weight among a program's: its params, stacked how (and which transposed)."""
+    if weight.columns:
+        return ("columns", *weight.params)
+    return tuple(zip(weight.params, weight.transposed))
+
+
 def _gemm_left_of(body: Body, value: Value) -> tuple[str, bool]:
     """`_gemm_left` of a matmul already grouped as a GEMM (it has a param on the left)."""
     left = _gemm_left(body, value)
@@ -175,9 +201,18 @@ def _gemm_left_of(body: Body, value: Value) -> tuple[str, bool]:
 def _gemm_groups(body: Body) -> dict[int, list[int]]:
     """Matmuls `param matrix @ per-row vector`, grouped by their right operand."""
     groups: dict[int, list[int]] = defaultdict(list)
+    stacked: set[int] = set()
     for index, value in enumerate(body.values):
-        if value.op == Op.MATMUL and _gemm_left(body, value) is not None:
-            groups[value.args[1]].append(index)
+        if value.op != Op.MATMUL:
+            continue
+        if stacked_left(body, value) is not None:
+            stacked.add(value.args[1])
+        elif _gemm_left(body, value) is None:
+            continue
+        groups[value.args[1]].append(index)
+    for operand in stacked:
+        if len(groups[operand]) != 1:  # pragma: no cover - passes.direct makes each operand for its product
+            raise ValueError(f"the operand %{operand} of a product of stacked params has other products")
     return dict(groups)
 
 
@@ -330,7 +365,7 @@ def _kernel(
             base = places[value.args[0]]
             column = base.column + slice_offset(values[value.args[0]], value.attr("lo"))
             places.append(Place(base.kind, base.buffer, column if base.kind == PlaceKind.BUFFER else 0))
-        elif op in (Op.EXPAND, Op.TRANSPOSE, Op.OUTER):
+        elif op in (Op.EXPAND, Op.TRANSPOSE, Op.OUTER) or (op == Op.CONCAT and value.domain == Domain.PARAM):
             places.append(Place(PlaceKind.INLINE))
         elif index in in_gemm:
             operand = in_gemm[index]
@@ -338,13 +373,15 @@ def _kernel(
             if operand not in group_buffer:
                 total = sum(values[m].shape[0] for m in members)
                 group_buffer[operand] = new_buffer(value, total, "g")
-                lefts = tuple(_gemm_left_of(body, values[m]) for m in members)
                 k = values[operand].shape[0]
-                if lefts not in packed:
-                    packed[lefts] = PackedWeight(
-                        f"w{len(packed)}", tuple(p for p, _ in lefts), total, k, tuple(t for _, t in lefts)
-                    )
-                weight = packed[lefts]
+                columns = stacked_left(body, values[members[0]])
+                if columns is not None:  # one product of params side by side
+                    candidate = PackedWeight(f"w{len(packed)}", columns, total, k, (False,) * len(columns), True)
+                else:
+                    lefts = tuple(_gemm_left_of(body, values[m]) for m in members)
+                    params, flips = tuple(p for p, _ in lefts), tuple(t for _, t in lefts)
+                    candidate = PackedWeight(f"w{len(packed)}", params, total, k, flips)
+                weight = packed.setdefault(packed_key(candidate), candidate)
                 steps.append(
                     Gemm(group_buffer[operand], operand, weight.name, weight.params, row_kind(value), k, total)
                 )

@@ -65,6 +65,9 @@ CALL_FIELDS: tuple[Field, ...] = (
     Field("hoisted_rows", "int64_t", "rows of each hoisted array: 0: one per internal node; fewer: a window (C)"),
     Field("hoisted_first", "int64_t", "the internal node (position - level_ptr[1]) of hoisted row 0 (0 but in C)"),
     Field("saved", "float *const *", 'NULL, or per saved array (JSON "saved") its [N, width] rows: a training forward'),
+    Field(
+        "direct", "int64_t", "an inference's node kernel: 0 by the level widths (cx_direct), 1 hoisted, 2 direct (C)"
+    ),
 )
 
 #: `cx_grad`: the gradient arrays of a backward call
@@ -140,19 +143,22 @@ def aligned_empty(shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.n
     return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
-def packed_weights(lib: ctypes.CDLL, spec: Mapping[str, Any], params: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+def packed_weights(
+    lib: ctypes.CDLL, spec: Mapping[str, Any], params: Mapping[str, np.ndarray], target: str
+) -> list[np.ndarray]:
     """Every GEMM weight the program names: its params stacked by rows (transposed where the backward
-    multiplies by W^T) and packed into panels by the library's own `cx_pack_weight`, on the host. The
-    one packing routine: the CPU executor keeps the result, the device executor uploads it."""
+    multiplies by W^T), or side by side (`columns`: the direct node kernel's), and packed into panels by the
+    library's own `cx_pack_weight`, on the host. The one packing routine: the CPU executor keeps the result,
+    the device executor uploads it. `target`: whose library (`spec["packed"]` lists each target's)."""
     lib.cx_packed_floats.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.cx_packed_floats.restype = ctypes.c_int64
     lib.cx_pack_weight.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     lib.cx_pack_weight.restype = None
     packed_all = []
-    for weight in spec["packed"]:
+    for weight in spec["packed"][target]:
         transposed = weight.get("transposed") or [False] * len(weight["params"])
         parts = [params[p].T if t else params[p] for p, t in zip(weight["params"], transposed)]
-        stacked = np.ascontiguousarray(np.concatenate(parts, axis=0), dtype=np.float32)
+        stacked = np.ascontiguousarray(np.concatenate(parts, axis=1 if weight.get("columns") else 0), dtype=np.float32)
         packed = aligned_empty(int(lib.cx_packed_floats(weight["m"], weight["k"])))
         lib.cx_pack_weight(stacked.ctypes.data, weight["m"], weight["k"], packed.ctypes.data)
         packed_all.append(packed)

@@ -373,6 +373,9 @@ class CpuExecutor:
 
     #: `backward` takes `sparse_rows` (the model then asks for embedding gradients as rows only)
     sparse_backward = True
+    #: which node kernel an inference runs where the package has a direct one (`cortexc.passes.direct`):
+    #: 0 the driver's choice by the forest's level widths, 1 the hoisted kernel, 2 the direct (tests, A/Bs)
+    direct = 0
 
     def __init__(self, spec: Mapping[str, Any], library_path: Path):
         self.spec = spec
@@ -462,7 +465,7 @@ class CpuExecutor:
         """Keep the params and pack the GEMM weights (stacked as the program says) once."""
         abi = self.spec["abi"]
         arrays = [np.ascontiguousarray(params[name], dtype=np.float32) for name in abi["params"]]
-        self._keep_weights(arrays, packed_weights(self.lib, self.spec, params))
+        self._keep_weights(arrays, packed_weights(self.lib, self.spec, params, "c"))
 
     def _keep_weights(self, params: list[np.ndarray], packed: list[np.ndarray]) -> None:
         """Store the weights and their pointer tables (tables first: a call that sees the new weights and the
@@ -474,7 +477,7 @@ class CpuExecutor:
     def repack(self, params: Mapping[str, np.ndarray]) -> None:
         """Pack the GEMM weights again from these params (for callers that pass params per call, which
         `run_forward`/`run_backward` then read with these packed weights)."""
-        self._keep_weights(self._weights[0], packed_weights(self.lib, self.spec, params))
+        self._keep_weights(self._weights[0], packed_weights(self.lib, self.spec, params, "c"))
 
     def folded_tables(
         self, weights: tuple[list[np.ndarray], list[np.ndarray]], rows: int = 0
@@ -567,6 +570,7 @@ class CpuExecutor:
             dropout_seed=dropout.seed,
             dropout_train=int(dropout.train),
             hoisted_rows=min((len(array) for array in hoisted), default=0),
+            direct=self.direct,
         )
         tables = [params_table, packed_table, inputs_table, states_table, hoisted_table, outputs_table]
         if folded is not None:  # else NULL: every GEMM runs

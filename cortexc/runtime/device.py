@@ -309,13 +309,13 @@ class DeviceExecutor:
         began before keep the old one (`DeviceParams`)."""
         names = self.spec["abi"]["params"]
         arrays = [np.ascontiguousarray(params[name], np.float32) for name in names]
-        self._params = self._upload(arrays, packed_weights(self.lib, self.spec, params))
+        self._params = self._upload(arrays, packed_weights(self.lib, self.spec, params, "cuda"))
 
     def upload_packed(self, params: Mapping[str, np.ndarray], stream: int = 0) -> DeviceParams:
         """The packed GEMM weights of these (host) params in a block of their own, for callers that keep
         the params themselves on the device (`cortexc.torch`: torch's CUDA tensors) and pass them per call;
         copied on `stream` (the calls' stream, which orders the copy before their kernels) and waited for."""
-        return self._upload([], packed_weights(self.lib, self.spec, params), stream)
+        return self._upload([], packed_weights(self.lib, self.spec, params, "cuda"), stream)
 
     def _upload(self, params: list[np.ndarray], packed: list[np.ndarray], stream: int = 0) -> DeviceParams:
         """Params and packed weights in one new block, in one copy (done when this returns: the staging
