@@ -120,7 +120,7 @@ def target_stage(programs: tuple[Program, ...], job: Job) -> tuple[tuple[TargetP
     """Requires: scheduled programs. Guarantees: per cell, one program per target of the options, after
     that target's program passes: saved activations (`passes.saving`) for one whose training forward keeps
     what the gradient kernels read (`Target.save_activations`), the direct node kernel (`passes.direct`) for
-    one whose inferences may skip hoisting (`Target.direct_node`), the column split
+    one whose inferences may skip hoisting (`Target.direct_max_k`), the column split
     (`passes.columns.split_columns`) for a target that shares small levels
     among blocks by columns (`Target.column_split`), deferred weight gradients
     (`passes.deferred`) for one that computes them after the recursion (`Target.defer_outer_products`),
@@ -140,8 +140,8 @@ def target_stage(programs: tuple[Program, ...], job: Job) -> tuple[tuple[TargetP
             target, variant = TARGETS[name], program
             if target.save_activations:
                 variant = save_activations(variant)
-            if target.direct_node:
-                variant = direct_node(variant)
+            if target.direct_max_k:
+                variant = direct_node(variant, target.direct_max_k)
             if target.column_split:
                 variant = split_columns(variant, target.column_granule)
             if target.defer_outer_products:

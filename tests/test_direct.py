@@ -17,6 +17,7 @@ import pytest
 import cortexc
 from cortexc import Forest
 from cortexc.codegen.render import DIRECT_MIN_ROWS
+from cortexc.codegen.target import TARGETS
 from cortexc.ir.interp import NodeView, eval_body
 from cortexc.ir.ops import Op
 from cortexc.ir.program import KernelRole
@@ -75,12 +76,14 @@ def _run(model, forest, direct: int, **inputs):
         ("treelstm.cell", {"X": 6, "H": 8}, True),
         ("attn_treelstm.cell", {"X": 5, "H": 4}, True),
         ("treernn.cell", {}, False),
+        ("lstm.cell", {"X": 100, "H": 157}, False),  # K = 257: wide enough hoisted (Target.direct_max_k = 256)
+        ("lstm.cell", {"X": 100, "H": 156}, True),
         ("binary_treelstm.cell", {"V": 20, "X": 6, "H": 5, "C": 3}, False),
     ],
 )
 def test_the_c_program_has_a_direct_kernel_where_a_sum_mixes_a_hoisted_and_a_children_product(file, dims, has):
-    """The LSTM's `W_ih @ x + W_hh @ child[0].h` becomes one GEMM of K = X + H over [W_ih | W_hh]; cells whose
-    hoisted products are not summed with a children's product get none; CUDA never has one."""
+    """The LSTM's `W_ih @ x + W_hh @ child[0].h` becomes one GEMM of K = X + H over [W_ih | W_hh] up to the
+    target's K; cells whose hoisted products are not summed with a children's product get none; CUDA never."""
     programs = _programs(file, dims)
     c = programs["c"]
     direct = [k for k in c.kernels if k.role == KernelRole.NODE_DIRECT]
@@ -108,7 +111,7 @@ def test_the_direct_body_computes_the_node_body(key, rng):
     stacked gives the states the hoisted node body gives (with the pre body's rows), to rounding."""
     file, dims = CELLS[key]
     cell = _programs(file, dims)["c"].cell
-    body = stack_products(inline_hoisted(cell.pre, cell.node))
+    body = stack_products(inline_hoisted(cell.pre, cell.node), TARGETS["c"].direct_max_k)
     assert body is not None and any(v.op == Op.CONCAT and len(v.shape) == 2 for v in body.values)
     params = {p.name: rng.standard_normal(p.shape).astype(np.float32) for p in cell.params}
     for children in (1, 3) if cell.arity != 1 else (1,):

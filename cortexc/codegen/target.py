@@ -33,7 +33,8 @@ class Target:
     defer_min_width: int = 0  # ... those with m * k / (m + k) >= this (smaller ones: summed per tile, in cache)
     fold_lookups: bool = False  # C: GEMMs of table rows may read a folded table in an inference (passes.fold)
     save_activations: bool = False  # C: a training forward keeps what the gradient kernels read (passes.saving)
-    direct_node: bool = False  # C: an inference of wide levels may run the node kernel without hoisting (passes.direct)
+    direct_max_k: int = 0  # C: an inference of wide levels may run the node kernel without hoisting, its sums of
+    # products as one GEMM over the params side by side where they have at most this many columns (passes.direct)
     hoist_window_bytes: int = 0  # C: an inference computes its hoisted rows a window of levels at a time, in
     # a buffer of about this size that stays in cache (0: all rows before the recursion)
     gemm_isas: tuple[GemmIsa, ...] = ()  # C: the GEMM builds, the first whose condition holds is compiled
@@ -71,7 +72,10 @@ C = Target(
     defer_min_width=DEFER_MIN_WIDTH_C,
     fold_lookups=True,
     save_activations=True,
-    direct_node=True,
+    # measured, 2 cores, direct / hoisted forward: chain LSTM X=32 H=64 (K = 96) 0.75-0.87 on levels of 3-100
+    # rows; X=256 H=256 (512) 0.90-1.03 and X=300 H=128 (428) 0.89-1.05 (noise-level); the child-sum
+    # Tree-LSTM X=300 H=256 (556) on SST batches of 10 and 50 1.04 and 1.06: a wide K is already efficient
+    direct_max_k=256,
     # half of a 1-2 MiB L2: a chain LSTM of 1000 x 10 (10 MB of hoisted rows) ran 1.37x faster with a window
     # of 256 rows (256 KiB) than with all of them written before the recursion and read back from L3
     hoist_window_bytes=512 * 1024,

@@ -49,8 +49,9 @@ _COLUMNWISE = BINARY_OPS | UNARY_OPS | REDUCE_OPS | {Op.EXPAND}
 
 
 def split_columns(program: Program, granule: int = 1) -> Program:
-    """The per-target program pass: the node kernel's column split, and the leaf kernel's when its period
-    is the node kernel's (one ownership of columns serves the whole launch); other kernels run whole. The
+    """The per-target program pass: the node kernel's column split, and the leaf kernel's and the direct node
+    kernel's (`passes.direct`) when their period is the node kernel's (one ownership of columns serves the
+    whole launch); other kernels run whole. The
     saving variants (`passes.saving`) run by rows: split, their loops into the saved rows gave other last
     bits than whole (measured: a binary Tree-LSTM at H=144, 1 vs 2 threads), and results may not depend on
     the threads.
@@ -67,7 +68,11 @@ def split_columns(program: Program, granule: int = 1) -> Program:
     leaf_split = column_split(program.role(KernelRole.LEAF))
     if node_split is None or leaf_split is None or leaf_split.period != node_split.period:
         leaf_split = None
-    splits = {KernelRole.NODE: node_split, KernelRole.LEAF: leaf_split}
+    direct = [k for k in program.kernels if k.role == KernelRole.NODE_DIRECT]
+    direct_split = column_split(direct[0]) if direct and node_split is not None else None
+    if direct_split is None or node_split is None or direct_split.period != node_split.period:
+        direct_split = None  # one ownership of columns per program (the driver's CX_SPLIT_PERIOD)
+    splits = {KernelRole.NODE: node_split, KernelRole.LEAF: leaf_split, KernelRole.NODE_DIRECT: direct_split}
     return replace(program, kernels=tuple(replace(k, split=splits.get(k.role)) for k in program.kernels))
 
 

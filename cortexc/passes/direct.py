@@ -11,6 +11,9 @@ call from the forest's level widths (`cx_direct`), never from the threads: a cal
 depend on the team. The two kernels add the same products in another order, so their results agree to
 rounding, not bitwise.
 
+Where the params side by side are wide (K above `Target.direct_max_k`), the per-level GEMM of the hoisted
+kernel is efficient already, and the big hoisted GEMM over every row is the better half: no direct kernel.
+
 Requires: a scheduled program whose node kernel reads hoisted rows. Guarantees: where the node body, with
 its hoisted values computed in place (`inline_hoisted`), has a sum of products ``P_i @ v_i`` (P_i params,
 v_i per-node vectors but table rows, each product used by the sum only; a table row's product is a folded
@@ -32,12 +35,13 @@ from cortexc.ir.program import KernelRole, Program
 from cortexc.passes.schedule import packed_key, schedule_kernel
 
 
-def direct_node(program: Program) -> Program:
-    """The program with its direct node kernel and `Program.direct` phases, where it has one (see above)."""
+def direct_node(program: Program, max_k: int) -> Program:
+    """The program with its direct node kernel and `Program.direct` phases, where it has one (see above):
+    where some sum's stacked params have at most `max_k` columns (`Target.direct_max_k`)."""
     cell = program.cell
     if cell.pre is None or program.direct:
         return program
-    body = stack_products(inline_hoisted(cell.pre, cell.node))
+    body = stack_products(inline_hoisted(cell.pre, cell.node), max_k)
     if body is None:
         return program
     packed = {packed_key(w): w for w in program.packed}
@@ -76,10 +80,11 @@ def inline_hoisted(pre: Body, node: Body) -> Body:
     return builder.finish(BodyKind.NODE, [(name, renumbered[i]) for name, i in node.results])
 
 
-def stack_products(body: Body) -> Body | None:
+def stack_products(body: Body, max_k: int) -> Body | None:
     """`body` with every sum of two or more ``param @ per-node vector`` products, one reading the children
-    and one not, written as one product ``transpose(concat(transpose(P_1), ...)) @ concat(v_1, ...)``
-    (the params side by side) plus the sum's other terms in their order; None if no sum has such products."""
+    and one not, whose params have at most `max_k` columns together, written as one product
+    ``transpose(concat(transpose(P_1), ...)) @ concat(v_1, ...)`` (the params side by side) plus the sum's
+    other terms in their order; None if no sum has such products."""
     values = body.values
     uses = [0] * len(values)
     for value in values:
@@ -116,6 +121,8 @@ def stack_products(body: Body) -> Body | None:
         products = [t for t in parts if stackable(t)]
         if len(products) < 2 or len({reads_children[p] for p in products}) < 2:
             continue
+        if sum(values[values[p].args[0]].shape[1] for p in products) > max_k:
+            continue  # a GEMM of wide K is efficient hoisted too: the direct kernel would only lose the big one
         plans[index] = (products, [t for t in parts if t not in products])
     if not plans:
         return None

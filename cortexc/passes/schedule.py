@@ -33,7 +33,7 @@ from collections import defaultdict
 from dataclasses import replace
 
 from cortexc.ir.cell import Body, Cell, GradKind, GradTarget, Value
-from cortexc.ir.ops import BINARY_OPS, LEAF_OPS, OPS, REDUCE_OPS, UNARY_OPS, VECTOR_OPS, Domain, Op
+from cortexc.ir.ops import BINARY_OPS, LEAF_OPS, OPS, REDUCE_OPS, UNARY_OPS, VECTOR_OPS, Op
 from cortexc.ir.program import (
     AccumOuter,
     AccumSum,
@@ -289,6 +289,12 @@ def _kernel(
     element_uses = _element_uses(body, uses)
     groups = _gemm_groups(body)
     in_gemm = {member: operand for operand, members in groups.items() for member in members}
+    # the params side by side of a stacked product (`stacked_left`): its packed weight, never a row of values
+    side_by_side = {
+        values[values[member].args[0]].args[0]  # the concat under the left's transpose
+        for member in in_gemm
+        if stacked_left(body, values[member]) is not None
+    }
 
     # param gradients: sums of terms over the rows, accumulated per thread (not stored per node)
     accumulate: list[Step] = []
@@ -365,7 +371,7 @@ def _kernel(
             base = places[value.args[0]]
             column = base.column + slice_offset(values[value.args[0]], value.attr("lo"))
             places.append(Place(base.kind, base.buffer, column if base.kind == PlaceKind.BUFFER else 0))
-        elif op in (Op.EXPAND, Op.TRANSPOSE, Op.OUTER) or (op == Op.CONCAT and value.domain == Domain.PARAM):
+        elif op in (Op.EXPAND, Op.TRANSPOSE, Op.OUTER) or index in side_by_side:
             places.append(Place(PlaceKind.INLINE))
         elif index in in_gemm:
             operand = in_gemm[index]
