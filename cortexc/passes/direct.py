@@ -30,9 +30,10 @@ from dataclasses import replace
 
 from cortexc.ir.builder import BodyBuilder
 from cortexc.ir.cell import Body, BodyKind, Value
-from cortexc.ir.ops import CHILD_READ_OPS, Domain, Op
+from cortexc.ir.ops import Domain, Op
 from cortexc.ir.program import KernelRole, Program
-from cortexc.passes.schedule import packed_key, schedule_kernel
+from cortexc.passes.hoist import child_readers
+from cortexc.passes.schedule import packed_key, schedule_kernel, use_counts
 
 
 def direct_node(program: Program, max_k: int) -> Program:
@@ -86,17 +87,8 @@ def stack_products(body: Body, max_k: int) -> Body | None:
     ``transpose(concat(transpose(P_1), ...)) @ concat(v_1, ...)`` (the params side by side) plus the sum's
     other terms in their order; None if no sum has such products."""
     values = body.values
-    uses = [0] * len(values)
-    for value in values:
-        for arg in value.args:
-            uses[arg] += 1
-    for _, index in body.results:
-        uses[index] += 1
-    reads_children = [False] * len(values)
-    for index, value in enumerate(values):
-        reads_children[index] = (
-            value.op in CHILD_READ_OPS or value.domain == Domain.CHILD or any(reads_children[a] for a in value.args)
-        )
+    uses = use_counts(body)
+    reads_children = child_readers(body)
 
     def terms(index: int) -> list[int]:
         value = values[index]

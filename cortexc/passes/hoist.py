@@ -20,16 +20,21 @@ from cortexc.ir.cell import Body, BodyKind, Cell
 from cortexc.ir.ops import CHILD_READ_OPS, Domain, Op
 
 
+def child_readers(body: Body) -> list[bool]:
+    """Per value of `body`: whether it reads a child, directly or through its operands (or is per child)."""
+    reads: list[bool] = []
+    for value in body.values:
+        reads.append(value.op in CHILD_READ_OPS or value.domain == Domain.CHILD or any(reads[a] for a in value.args))
+    return reads
+
+
 def hoist(cell: Cell) -> Cell:
     if cell.pre is not None:
         return cell
     node = cell.node
-    reads_children = [False] * len(node.values)
+    reads_children = child_readers(node)
     heavy = [False] * len(node.values)
     for index, value in enumerate(node.values):
-        reads_children[index] = (
-            value.op in CHILD_READ_OPS or value.domain == Domain.CHILD or any(reads_children[a] for a in value.args)
-        )
         heavy[index] = value.op in (Op.MATMUL, Op.EMBED) or any(heavy[a] for a in value.args)
 
     def hoistable(index: int) -> bool:

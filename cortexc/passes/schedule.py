@@ -165,6 +165,17 @@ def _gemm_left(body: Body, value: Value) -> tuple[str, bool] | None:
     return None
 
 
+def use_counts(body: Body) -> list[int]:
+    """How many times each value is read: as an operand of a later value, and as a result of the body."""
+    uses = [0] * len(body.values)
+    for value in body.values:
+        for arg in value.args:
+            uses[arg] += 1
+    for _, index in body.results:
+        uses[index] += 1
+    return uses
+
+
 def stacked_left(body: Body, value: Value) -> tuple[str, ...] | None:
     """The params of a product whose left is params side by side, ``transpose(concat(transpose(P_1), ...))``
     (`passes.direct` writes ``P_1 @ a + P_2 @ b`` so), else None."""
@@ -278,12 +289,7 @@ def _kernel(
     """One body's kernel; with `saved` (a training forward's variant, `passes.saving`) it also stores
     those values of the body in the node's row of the saved array."""
     values = body.values
-    uses = [0] * len(values)
-    for value in values:
-        for arg in value.args:
-            uses[arg] += 1
-    for _, index in body.results:
-        uses[index] += 1
+    uses = use_counts(body)
     for index in saved.values if saved is not None else ():
         uses[index] += 1
     element_uses = _element_uses(body, uses)
