@@ -6,7 +6,7 @@ python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q -e '.[test]'
-ruff check cortexc tests grammars benchmarks examples
-ruff format --check cortexc tests grammars benchmarks examples
+ruff check cortexc tests grammars benchmarks examples scripts
+ruff format --check cortexc tests grammars benchmarks examples scripts
 mypy
-python -m pytest -q "$@"
+python scripts/run_tests.py -q "$@"

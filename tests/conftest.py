@@ -7,6 +7,7 @@ import them from here.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -168,8 +169,10 @@ def rng(request) -> np.random.Generator:
 
 @pytest.fixture(scope="session", autouse=True)
 def _private_cortexc_cache(tmp_path_factory):
-    """One build cache for the whole session, never the user's."""
-    path = tmp_path_factory.getbasetemp() / "cortexc-cache"
+    """One build cache for the whole session, never the user's (`scripts/run_tests.py` gives its pytest
+    processes one between them, `CORTEXC_TEST_CACHE`)."""
+    shared = os.environ.get("CORTEXC_TEST_CACHE")
+    path = Path(shared) if shared else tmp_path_factory.getbasetemp() / "cortexc-cache"
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CORTEXC_CACHE", str(path))
         # libgomp's default spin-waiting at the per-level barriers makes a forward 100-1000x slower when
