@@ -11,21 +11,30 @@ operands. The same text serves C and CUDA.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from cortexc.ir.cell import Cell, Value
 from cortexc.ir.ops import OPS, Op
 from cortexc.ir.program import Adjoints, Kernel, PlaceKind, RowKind, row_kind, slice_offset, width
 
 
-def c_helpers(used: set[Op]) -> list[str]:
-    """The C helper functions the texts of the `used` ops call, in registry order (without qualifiers);
-    a helper's own helpers (`OpDef.c_helper_needs`) come just before it."""
+def c_helpers(used: Collection[Op], used_inline: Collection[Op] = ()) -> list[str]:
+    """The C helper functions the texts of the `used` ops call (and the inline texts of the `used_inline`
+    ones, `OpDef.c_inline`), in registry order (without qualifiers); a helper's own helpers
+    (`OpDef.c_helper_needs`, `c_inline_needs`) come just before it."""
     helpers: list[str] = []
     for op, d in OPS.items():
         if op in used and d.c_helper:
             helpers.extend(h for h in (*d.c_helper_needs, d.c_helper) if h not in helpers)
+        if op in used_inline and d.c_inline_helper:
+            helpers.extend(h for h in (*d.c_inline_needs, d.c_inline_helper) if h not in helpers)
     return helpers
+
+
+def c_text(op: Op, inline: bool) -> str:
+    """The C text of an elementwise op: its libm-free form in a kernel with `Kernel.inline_gates`."""
+    definition = OPS[op]
+    return definition.c_inline if inline and definition.c_inline else definition.c
 
 
 def float_literal(value: float) -> str:
@@ -147,7 +156,7 @@ class KernelExprs:
             slot = f"1 + ({row}) - eb[er[{row}]]" if rows == RowKind.CHILD else "0"
             where = {"elem": col, "node": f"nd[{node_row}]", "slot": slot}
             return definition.c.format(*operands, **where, **definition.c_identity(dict(value.attrs)))
-        return definition.c.format(*operands)
+        return c_text(op, self.kernel.inline_gates).format(*operands)
 
     def _slice_offset(self, value: Value) -> int:
         """Where a slice starts in its base's flattened row (rows of a matrix count whole rows)."""

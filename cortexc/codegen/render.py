@@ -135,7 +135,10 @@ def render(program: Program, target: Target, source_file: str) -> str:
     template = environment().get_template("kernels.j2")
     return template.render(
         target=target,
-        c_helpers=c_helpers({v.op for k in program.kernels for v in k.body.values}),
+        c_helpers=c_helpers(
+            {v.op for k in program.kernels if not k.inline_gates for v in k.body.values},
+            {v.op for k in program.kernels if k.inline_gates for v in k.body.values},
+        ),
         nr=target.gemm_nr,
         mr=target.gemm_mr,
         source_file=source_file,

@@ -193,6 +193,9 @@ class OpDef:
     the C expressions of the element index, node id and child slot that codegen fills in),
     ``c_helper_needs`` (helpers its helper calls, emitted before it) and ``min_domain`` (its result
     varies at least per node, whatever its operands).
+    ``c_inline`` and ``c_inline_helper`` (a gate's C text and helper without a libm call) are what an
+    inference kernel that computes the gates of all its rows at once (``Kernel.inline_gates``: the
+    direct node kernel) uses instead: no training forward or gradient kernel reads them.
     """
 
     op: Op
@@ -210,10 +213,33 @@ class OpDef:
     c_identity: Callable[[Mapping[str, Any]], Mapping[str, str]] | None = None
     c_helper_needs: tuple[str, ...] = ()
     min_domain: Domain = Domain.PARAM
+    c_inline: str = ""
+    c_inline_helper: str = ""
+    c_inline_needs: tuple[str, ...] = ()
 
     @property
     def arity(self) -> int:
         return 2 if self.kind == OpKind.BINARY else 1
+
+
+#: tanh without libm, for the inference kernel whose gate loops were a third of a chain LSTM's time in
+#: libmvec's calls (Zen 4, B=100): x times an even rational of degrees 12/6 in x (the coefficients of a
+#: minimax fit, as Eigen's fast tanh has them), within 8 ulps of float64 below 7.905 and exactly +-1 from
+#: there (float32's tanh is 1 - 2.4e-7 at 7.905 and 1 from 9.011). No clamp: beyond 7.905 the rational's
+#: value (inf / inf for a huge x) is not selected. NaN is told by its bits (-ffinite-math-only lets gcc
+#: swap any float select, and a clamp `a > C ? C : a` became a min giving C for NaN): test_inline_gates.
+_TANH_INLINE = (
+    "float cx_tanh_inline(float x) {"
+    " const float x2 = x * x;"
+    " float p = fmaf(-2.76076847742355e-16f, x2, 2.00018790482477e-13f);"
+    " p = fmaf(p, x2, -8.60467152213735e-11f); p = fmaf(p, x2, 5.12229709037114e-08f);"
+    " p = fmaf(p, x2, 1.48572235717979e-05f); p = fmaf(p, x2, 6.37261928875436e-04f);"
+    " p = fmaf(p, x2, 4.89352455891786e-03f);"
+    " float q = fmaf(1.19825839466702e-06f, x2, 1.18534705686654e-04f);"
+    " q = fmaf(q, x2, 2.26843463243900e-03f); q = fmaf(q, x2, 4.89352518554385e-03f);"
+    " const float t = fabsf(x) >= 7.9053111f ? copysignf(1.0f, x) : x * p / q;"
+    " unsigned bits; __builtin_memcpy(&bits, &x, 4); return (bits & 0x7fffffffu) > 0x7f800000u ? x : t; }"
+)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -412,6 +438,12 @@ OPS: dict[Op, OpDef] = {
                 "float cx_sigmoid(float x) { const float e = expf(-fabsf(x)), t = e * (1.0f / (1.0f + e));"
                 " return x >= 0.0f ? 1.0f - t : t; }"
             ),
+            # inline: (1 + tanh(x / 2)) / 2 by the inline tanh above; within 2e-7 of float64 absolutely (not
+            # relatively in the far negative tail: 0 from x = -15.81, where sigmoid is 1.4e-7), exactly 0
+            # and 1 beyond +-15.81
+            c_inline="cx_sigmoid_inline({0})",
+            c_inline_helper="float cx_sigmoid_inline(float x) { return fmaf(0.5f, cx_tanh_inline(0.5f * x), 0.5f); }",
+            c_inline_needs=(_TANH_INLINE,),
         ),
         OpDef(
             Op.TANH,
@@ -434,6 +466,8 @@ OPS: dict[Op, OpDef] = {
                 "float cx_tanh(float x) { const float t = tanhf(x);"
                 " return fabsf(x) >= 9.010914f ? fmaf(-t, fabsf(t), 2.0f * t) : t; }"
             ),
+            c_inline="cx_tanh_inline({0})",
+            c_inline_helper=_TANH_INLINE,
         ),
         OpDef(Op.RELU, _U, "relu", same_shape, lambda x: np.maximum(x, 0), "fmaxf({0}, 0.0f)", _d_relu, 0.0),
         OpDef(Op.EXP, _U, "exp", same_shape, np.exp, "expf({0})", _d_exp, 1.0),

@@ -311,6 +311,12 @@ class Kernel:
     def adjoints(self) -> Adjoints:
         return self.role.adjoints
 
+    @property
+    def inline_gates(self) -> bool:
+        """Whether its gates are the registry's libm-free forms (`OpDef.c_inline`): only the direct node
+        kernel's, an inference's alone (no gradient reads what it computes), where the gate loops cost most."""
+        return self.role == KernelRole.NODE_DIRECT
+
     def scratch_floats(self, tile_rows: int, max_children: int) -> int:
         per_node = sum(b.width for b in self.buffers if b.rows == RowKind.NODE and not b.saved)
         per_child = sum(b.width for b in self.buffers if b.rows == RowKind.CHILD)
