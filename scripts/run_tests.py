@@ -54,9 +54,8 @@ def _cpus() -> int:
 
 
 def _files() -> list[Path]:
-    files = sorted(TESTS.glob("test_*.py"))
     rank = {name: number for number, name in enumerate(SLOWEST_FIRST)}
-    return sorted(files, key=lambda path: (rank.get(path.name, len(rank)), path.name))
+    return sorted(TESTS.glob("test_*.py"), key=lambda path: (rank.get(path.name, len(rank)), path.name))
 
 
 def _takes_a_path(args: list[str]) -> bool:
@@ -68,11 +67,11 @@ def _report(path: Path, status: int, log: Path, seconds: float, tally: Counter[s
     """Print how one file's pytest ended (its whole output when it failed), add its counts to `tally`;
     whether it passed."""
     text = log.read_text(errors="replace")
-    lines = [line for line in text.splitlines() if line.strip()]
-    for count, outcome in re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?)\b", lines[-1] if lines else ""):
+    summary = next((line for line in reversed(text.splitlines()) if line.strip()), "(no output)")
+    for count, outcome in re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?)\b", summary):
         tally[outcome] += int(count)
     passed = status in (0, NO_TESTS_COLLECTED)
-    print(f"{'ok  ' if passed else 'FAIL'} {path.name} ({seconds:.0f} s): {lines[-1] if lines else '(no output)'}")
+    print(f"{'ok  ' if passed else 'FAIL'} {path.name} ({seconds:.0f} s): {summary}")
     if not passed:
         print(text)
     sys.stdout.flush()

@@ -203,7 +203,8 @@ model = getattr(module, module.__all__[0])(device="cpu", seed=int(sys.argv[2]))
 rng = np.random.default_rng(int(sys.argv[2]))
 chain = lambda n: Forest.from_parents([i + 1 if i < n - 1 else -1 for i in range(n)])
 forest = Forest.concat([chain(60)] * 40 + [chain(int(n)) for n in rng.integers(2, 50, 60)])
-out = model(forest, x=rng.standard_normal((forest.num_nodes, int(sys.argv[3]))).astype(np.float32))
+width = model.signature.inputs[0].shape[0]
+out = model(forest, x=rng.standard_normal((forest.num_nodes, width)).astype(np.float32))
 h = hashlib.sha256()
 for name in sorted(out):
     h.update(name.encode()); h.update(np.ascontiguousarray(out[name]).tobytes())
@@ -220,15 +221,14 @@ def split_lstm(tmp_path_factory):
 
 @pytest.mark.parametrize("which", ["small", "split"])
 def test_the_direct_inference_is_bitwise_equal_across_thread_counts(modules, split_lstm, which, rng):
-    module, width = (modules["lstm"], CELLS["lstm"][1]["X"]) if which == "small" else (split_lstm, 32)
-    package = os.path.dirname(module.__file__)
+    package = os.path.dirname((modules["lstm"] if which == "small" else split_lstm).__file__)
     seed = int(rng.integers(0, 2**31))
     digests = set()
     for threads in (1, 2, 3):
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(REPO), CORTEXC_ADAPT_THREADS="0")
         env.pop("CORTEXC_NUM_THREADS", None)
         done = subprocess.run(
-            [sys.executable, "-c", WORKER, package, str(seed), str(width)], env=env, capture_output=True, text=True
+            [sys.executable, "-c", WORKER, package, str(seed)], env=env, capture_output=True, text=True
         )
         assert done.returncode == 0, done.stderr
         digests.add(done.stdout.strip().splitlines()[-1])

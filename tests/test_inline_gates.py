@@ -46,8 +46,9 @@ def _chains() -> Forest:
     return Forest.concat([one] * CHAINS)
 
 
-def _run(gates, x: np.ndarray, grad: bool = False) -> dict[str, np.ndarray]:
-    """The gates of `x` (one row per node), at the internal nodes only (the leaves run the leaf kernel)."""
+def _run(gates, x: np.ndarray, grad: bool = False) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The gates of `x` (one row per node) at the internal nodes only (the leaves run the leaf kernel), and
+    which nodes those are."""
     forest = _chains()
     out = gates(forest, grad=grad, x=x, y=np.zeros_like(x))
     internal = np.asarray(forest.num_children) > 0

@@ -11,30 +11,37 @@ operands. The same text serves C and CUDA.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Iterable, Mapping
 
 from cortexc.ir.cell import Cell, Value
-from cortexc.ir.ops import OPS, Op
+from cortexc.ir.ops import OPS, Op, OpDef
 from cortexc.ir.program import Adjoints, Kernel, PlaceKind, RowKind, row_kind, slice_offset, width
 
 
-def c_helpers(used: Collection[Op], used_inline: Collection[Op] = ()) -> list[str]:
-    """The C helper functions the texts of the `used` ops call (and the inline texts of the `used_inline`
-    ones, `OpDef.c_inline`), in registry order (without qualifiers); a helper's own helpers
-    (`OpDef.c_helper_needs`, `c_inline_needs`) come just before it."""
+def _form(definition: OpDef, inline: bool) -> tuple[str, str, tuple[str, ...]]:
+    """An op's C text, its helper and the helper's own helpers: the libm-free ones (`OpDef.c_inline`) in a
+    kernel with `Kernel.inline_gates` where the op has them."""
+    if inline and definition.c_inline:
+        return definition.c_inline, definition.c_inline_helper, definition.c_inline_needs
+    return definition.c, definition.c_helper, definition.c_helper_needs
+
+
+def c_helpers(kernels: Iterable[Kernel]) -> list[str]:
+    """The C helper functions the texts of the kernels' ops call, in registry order (without qualifiers);
+    a helper's own helpers come just before it."""
+    used = {(v.op, k.inline_gates) for k in kernels for v in k.body.values}
     helpers: list[str] = []
-    for op, d in OPS.items():
-        if op in used and d.c_helper:
-            helpers.extend(h for h in (*d.c_helper_needs, d.c_helper) if h not in helpers)
-        if op in used_inline and d.c_inline_helper:
-            helpers.extend(h for h in (*d.c_inline_needs, d.c_inline_helper) if h not in helpers)
+    for op, definition in OPS.items():
+        for inline in (False, True):
+            _, helper, needs = _form(definition, inline)
+            if (op, inline) in used and helper:
+                helpers.extend(h for h in (*needs, helper) if h not in helpers)
     return helpers
 
 
 def c_text(op: Op, inline: bool) -> str:
-    """The C text of an elementwise op: its libm-free form in a kernel with `Kernel.inline_gates`."""
-    definition = OPS[op]
-    return definition.c_inline if inline and definition.c_inline else definition.c
+    """The C text of an elementwise op in a kernel with (or without) `Kernel.inline_gates`."""
+    return _form(OPS[op], inline)[0]
 
 
 def float_literal(value: float) -> str:

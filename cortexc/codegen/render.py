@@ -135,10 +135,7 @@ def render(program: Program, target: Target, source_file: str) -> str:
     template = environment().get_template("kernels.j2")
     return template.render(
         target=target,
-        c_helpers=c_helpers(
-            {v.op for k in program.kernels if not k.inline_gates for v in k.body.values},
-            {v.op for k in program.kernels if k.inline_gates for v in k.body.values},
-        ),
+        c_helpers=c_helpers(program.kernels),
         nr=target.gemm_nr,
         mr=target.gemm_mr,
         source_file=source_file,
