@@ -8,9 +8,9 @@ place, so concurrent builders are safe), so a package several files load is buil
 
 Arguments are pytest's. With a path among them (a file or a test id) it runs one pytest on exactly that;
 otherwise every `tests/test_*.py`, each with the arguments. `--jobs N` sets the number of processes
-(default: the CPUs this process may run on). A file's output is printed when it ends, in full when it
-failed; the exit status is non-zero when any file failed (a file whose tests were all deselected is not
-a failure).
+(default: the CPUs this process may run on). A file's output is printed when it ends: in full when it
+failed, else its summary line and its skip reasons. The exit status is non-zero when any file failed (a
+file whose tests were all deselected is not a failure).
 """
 
 from __future__ import annotations
@@ -74,6 +74,10 @@ def _report(path: Path, status: int, log: Path, seconds: float, tally: Counter[s
     print(f"{'ok  ' if passed else 'FAIL'} {path.name} ({seconds:.0f} s): {summary}")
     if not passed:
         print(text)
+    else:  # what `-ra` lists of a passing file: why a test was skipped (the suite's skips must have reasons)
+        for line in text.splitlines():
+            if line.startswith(("SKIPPED", "XFAIL", "XPASS")):
+                print(f"     {line}")
     sys.stdout.flush()
     return passed
 
