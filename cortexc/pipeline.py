@@ -145,7 +145,7 @@ def target_stage(programs: tuple[Program, ...], job: Job) -> tuple[tuple[TargetP
             if target.column_split:
                 variant = split_columns(variant, target.column_granule)
             if target.defer_outer_products:
-                variant = defer_outer_products(variant, target.defer_min_width)
+                variant = defer_outer_products(variant, target.defer_min_width, target.defer_narrow)
             if target.fold_lookups:
                 variant = fold_lookups(variant)
             variants.append(TargetProgram(name, variant))

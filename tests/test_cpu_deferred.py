@@ -1,5 +1,6 @@
 """The CPU backward's deferred weight gradients: the kernels only keep each AccumOuter term's factor rows
-and one GEMM per term after the recursion adds them (driver_c_deferred.j2)."""
+and one GEMM per term after the recursion adds them (driver_c_deferred.j2). A narrow term (a small weight)
+is kept only by launches of few rows (`cx_keeps_rows`), the others add it per tile."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 import cortexc
 from cortexc import Forest
+from cortexc.codegen.render import KEEP_ROWS
 from cortexc.codegen.target import DEFER_MIN_WIDTH_C
 from cortexc.ir.program import AccumOuter, AccumSum
 from cortexc.options import CompileOptions
@@ -46,29 +48,38 @@ def _declared(path, dims):
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.cell")), ids=lambda p: p.stem)
 def test_the_cpu_backward_keeps_factor_rows_instead_of_accumulating(path, large):
     """A deferred term's kernel writes its factor rows and adds no outer product per tile, and the deferred
-    phase reads them; a small one (below DEFER_MIN_WIDTH_C) is summed per tile; the chunk accumulators
-    hold only what is summed per tile."""
+    phase reads them; a small one (below DEFER_MIN_WIDTH_C) is narrow: its kernel both keeps its rows and
+    adds it per tile (by the launch's `stage->narrow`), and the deferred phase reads the rows of the
+    launches that kept them; the chunk accumulators hold only what may be summed per tile."""
     program, text = _c_source(path, **(_declared(path, LARGE) if large else {}))
-    deferred = {(t.kernel, t.step): index for index, t in enumerate(program.deferred or ())}
+    terms = program.deferred or ()
+    deferred = {(t.kernel, t.step): index for index, t in enumerate(terms)}
     phase = _function(text, "cx_deferred_phase") if deferred else ""
     per_tile = set()
     for kernel in program.kernels:
         body = _function(text, f"cx_kernel_{kernel.name}")
         outer = [n for n, s in enumerate(kernel.steps) if isinstance(s, AccumOuter)]
-        kept = [n for n in outer if (kernel.name, n) not in deferred]
-        assert body.count("cx_gemm_tn_acc(") == len(kept), kernel.name
+        assert all((kernel.name, n) in deferred for n in outer), "the C target defers every weight gradient"
+        narrow = [n for n in outer if terms[deferred[(kernel.name, n)]].narrow]
+        assert body.count("cx_gemm_tn_acc(") == len(narrow), kernel.name
+        assert body.count("if (!stage->narrow)") == len(narrow), kernel.name
         for n in outer:
-            step = kernel.steps[n]
-            if (kernel.name, n) in deferred:
-                index = deferred[(kernel.name, n)]
-                assert f"grad->deferred[{index}] + " in body
-                assert phase.count(f"cx_deferred_block(grad->deferred[{index}],") == 1
-            else:
+            step, index = kernel.steps[n], deferred[(kernel.name, n)]
+            assert f"grad->deferred[{index}] + " in body
+            small = step.m * step.k < DEFER_MIN_WIDTH_C * (step.m + step.k)
+            assert terms[index].narrow == small
+            if small:
                 per_tile.add(step.param)
-                assert step.m * step.k < DEFER_MIN_WIDTH_C * (step.m + step.k)
+                kept = (
+                    f"cx_deferred_levels(call, grad, grad->deferred[{index}],"
+                    if kernel.rows.name == "LEVEL"
+                    else f"cx_deferred_block(grad->deferred[{index}],"
+                )
+                assert phase.count(kept) == 1
+            else:
+                assert phase.count(f"cx_deferred_block(grad->deferred[{index}],") == 1
         per_tile |= {s.param for s in kernel.steps if isinstance(s, AccumSum)}
-    assert all(t.m * t.k >= DEFER_MIN_WIDTH_C * (t.m + t.k) for t in program.deferred or ())
-    assert deferred or not large
+    assert any(not t.narrow for t in terms) or not large
     floats = sum(int(np.prod(program.cell.param(name).shape)) for name in per_tile)
     assert f"calloc((size_t){floats} + 1, sizeof(float))" in text
 
@@ -177,3 +188,58 @@ def test_the_torch_cpu_op_passes_the_factor_rows(rng, tmp_path_factory, monkeypa
     sum((out[k] * torch.from_numpy(g)).sum() for k, g in upstream.items()).backward()
     for name, value in reference.backward(expected, upstream).items():
         assert relative_error(getattr(module, name).grad.numpy(), value) < 2e-5, name
+
+
+#: cells at dims where every weight gradient is narrow, on forests whose backward has launches of few rows and
+#: of many: a long chain beside a batch of short ones (levels of 21 rows, then of one), random trees and a
+#: random DAG (wide levels at the bottom, narrow at the top; the DAG-RNN's terms have a row per child edge)
+NARROW_CASES = {
+    "lstm_chains": (
+        "lstm.cell",
+        {"X": 32, "H": 64},
+        lambda rng: Forest.concat(
+            [Forest.from_parents(np.append(np.arange(1, 40), -1))]
+            + [Forest.from_parents(np.append(np.arange(1, 10), -1))] * 20
+        ),
+    ),
+    "treelstm_trees": ("treelstm.cell", {"X": 16, "H": 32}, lambda rng: Forest.random(60, rng=rng, max_children=3)),
+    "dagrnn_dag": ("dagrnn.cell", {"X": 16, "H": 48}, lambda rng: Forest.random_dag(400, rng=rng)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NARROW_CASES))
+def test_narrow_terms_match_the_interpreter_whichever_launches_keep_their_rows(
+    case, rng, tmp_path_factory, monkeypatch
+):
+    """With the package's bound, with no launch keeping rows (`keep_rows` 1: all per tile) and with every
+    launch keeping them, on forests with narrow and wide launches, the gradients match the interpreter. The
+    factor rows are poisoned before each backward, so a deferred phase that read the rows of a launch that
+    added its term per tile would give NaN."""
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    name, dims, make_forest = NARROW_CASES[case]
+    path = EXAMPLES / name
+    program, _ = _c_source(path, **dims)
+    assert program.deferred and all(t.narrow for t in program.deferred)
+    module = cortexc.load(path, out_dir=tmp_path_factory.mktemp("pkg"), **dims)
+    model, reference = twin_models(module, "cpu", 3, rng)
+    forest = make_forest(rng)
+    widths = np.diff(forest.level_ptr)
+    assert widths.min() < KEEP_ROWS <= widths.max(), "narrow and wide launches"
+    inputs = random_inputs(model.cell, forest, rng)
+    expected = reference(forest, **inputs)
+    upstream = {key: rng.standard_normal(value.shape).astype(np.float32) for key, value in expected.items()}
+    executor = model._executor_for_device()
+    results = {}
+    try:
+        for keep_rows in (0, 1, 1 << 40):
+            executor.keep_rows = keep_rows
+            grads, expected_grads = _gradients_twice(model, reference, forest, inputs, upstream)
+            for key, value in expected_grads.items():
+                assert relative_error(grads[key], value) < 2e-5, f"d{key} at keep_rows={keep_rows}"
+            results[keep_rows] = grads
+    finally:
+        executor.keep_rows = 0
+    # the three split the rows differently between the chunks and the deferred phase: other sums
+    weight = program.deferred[0].param
+    assert not np.array_equal(results[0][weight], results[1][weight])
+    assert not np.array_equal(results[0][weight], results[1 << 40][weight])

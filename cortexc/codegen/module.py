@@ -38,7 +38,7 @@ from cortexc.options import CompileOptions
 if TYPE_CHECKING:
     from cortexc.pipeline import Rendered
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,9 @@ def _step_json(step: Any) -> dict[str, Any]:
 
 def _deferred_json(program: Program) -> list[dict[str, Any]]:
     """A program's deferred weight-gradient terms, as the runtime sizes their factor rows."""
-    return [{"rows": t.rows.value, "m": t.m, "k": t.k, "param": t.param} for t in program.deferred or ()]
+    return [
+        {"rows": t.rows.value, "m": t.m, "k": t.k, "param": t.param, "narrow": t.narrow} for t in program.deferred or ()
+    ]
 
 
 def _packed_json(program: Program) -> list[dict[str, Any]]:

@@ -177,12 +177,21 @@ def render(program: Program, target: Target, source_file: str) -> str:
         deferred_params=_deferred_params(cell, deferred),
         defer_tm=C_DEFER_TM,
         defer_tk=C_DEFER_TK,
+        keep_rows=KEEP_ROWS,
         split_period=split.period if split is not None else 0,
         split_weights=list(split_weights.values()),
         split_floats_per_unit=sum(w["periods"] * w["k"] for w in split_weights.values()),
         split_stage_floats=-(-target.tile_rows * (max((w["k"] for w in split_weights.values()), default=0) + 1) // 4)
         * 4,
     )
+
+
+#: C: a backward's launch of fewer rows than this keeps the narrow weight gradients' factor rows for the
+#: deferred phase (`cx_keeps_rows` in the driver; `passes.deferred`), a larger one adds them per tile.
+#: Measured (2 cores, Zen 4, chain LSTM X=32 H=64, backward, median of 15 interleaved): 1000 x 1 3.38 ms
+#: kept against 4.36 ms per tile, 1000 x 2 3.42 against 4.38; 1000 x 4 and 1000 x 8 the same within noise;
+#: 1000 x 10 2-3% slower kept
+KEEP_ROWS = 4
 
 
 #: an inference runs the direct node kernel (`passes.direct`) where the levels above the leaves hold this many
@@ -266,19 +275,21 @@ _KERNEL_POSITIONS = {
 
 def deferred_outer_products(program: Program) -> list[dict[str, Any]]:
     """The program's deferred weight-gradient terms (`passes.deferred`) as template values: each with the
-    first and last row of the forest its factors cover (C expressions over `call`) and `when` its rows were
-    written (a C condition over `grad`, None: always)."""
+    first and last row of the forest its factors cover (C expressions over `call`), `when` its rows were
+    written (a C condition over `grad`, None: always), and for a narrow term the launches that kept them:
+    `levels` (the first and the end level of a level kernel's launches, C expressions) or, for a kernel of
+    one launch, `positions` (its first and end row)."""
     terms = []
     for term in program.deferred or ():
         kernel = program.kernel(term.kernel)
+        levels = None
         if kernel.rows == Rows.LEVEL:
-            first, last = (
-                ("call->level_ptr[1]", "call->num_nodes")
-                if kernel.role == KernelRole.GRAD_NODE
-                else ("0", "call->level_ptr[1]")
-            )
+            grad_node = kernel.role == KernelRole.GRAD_NODE
+            first, last = ("call->level_ptr[1]", "call->num_nodes") if grad_node else ("0", "call->level_ptr[1]")
+            levels = ("1", "call->num_levels") if grad_node else ("0", "1")
         else:
             first, last = _KERNEL_POSITIONS[kernel.rows]
+        positions = (first, last)
         if term.rows == RowKind.CHILD:
             first, last = f"call->edge_ptr[{first}]", f"call->edge_ptr[{last}]"
         # the rows exist only where the kernel ran: a phase that needs an output's upstream gradient is
@@ -300,6 +311,9 @@ def deferred_outer_products(program: Program) -> list[dict[str, Any]]:
                 "first": first,
                 "last": last,
                 "when": when,
+                "narrow": term.narrow,
+                "levels": levels,
+                "positions": positions,
             }
         )
     return terms
@@ -307,8 +321,9 @@ def deferred_outer_products(program: Program) -> list[dict[str, Any]]:
 
 def _accumulators(cell: Cell, program: Program, deferred: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The weight gradients the kernels still add per tile (all but the deferred terms: the bias sums, on a
-    target that defers), each with its offset in a chunk's accumulator (C) and its param's index."""
-    skipped = {(t["kernel"], t["step"]) for t in deferred}
+    target that defers, and the narrow terms, which wide launches add per tile), each with its offset in a
+    chunk's accumulator (C) and its param's index."""
+    skipped = {(t["kernel"], t["step"]) for t in deferred if not t["narrow"]}
     kept = {
         step.param
         for kernel in program.kernels
@@ -453,7 +468,8 @@ def _kernel_context(
         if isinstance(step, AccumOuter):
             where = [i for i, t in enumerate(deferred) if t["kernel"] == kernel.name and t["step"] == number]
             context["deferred"] = where[0] if where else None
-            if where:
+            context["narrow"] = bool(where) and deferred[where[0]]["narrow"]
+            if where and not context["narrow"]:
                 del context["acc"]  # nothing is added here: the deferred phase adds to the gradient
             context["first_row"] = "e0" if step.rows == RowKind.CHILD else "pos0"
             context["rows"] = step.rows.value

@@ -31,6 +31,7 @@ class Target:
     whole_width_copy: bool = False  # a split step also has its whole-width loop, for calls that do not split
     defer_outer_products: bool = False  # weight gradients (AccumOuter) as one GEMM per term after the recursion
     defer_min_width: int = 0  # ... those with m * k / (m + k) >= this (smaller ones: summed per tile, in cache)
+    defer_narrow: bool = False  # C: ... and the smaller ones in launches of few rows (DeferredOuter.narrow)
     fold_lookups: bool = False  # C: GEMMs of table rows may read a folded table in an inference (passes.fold)
     save_activations: bool = False  # C: a training forward keeps what the gradient kernels read (passes.saving)
     direct_max_k: int = 0  # C: an inference of wide levels may run the node kernel without hoisting, its sums of
@@ -70,6 +71,7 @@ C = Target(
     whole_width_copy=True,  # most calls (and every level below the threshold) run whole: no per-panel loops
     defer_outer_products=True,
     defer_min_width=DEFER_MIN_WIDTH_C,
+    defer_narrow=True,
     fold_lookups=True,
     save_activations=True,
     # measured, 2 cores, direct / hoisted forward: chain LSTM X=32 H=64 (K = 96) 0.75-0.87 on levels of 3-100

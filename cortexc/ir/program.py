@@ -360,7 +360,9 @@ class PackedWeight:
 class DeferredOuter:
     """A weight-gradient term a target computes after the recursion instead of per tile: the `AccumOuter`
     at ``steps[step]`` of kernel ``kernel`` only keeps its factors' rows (one per node position, or per
-    child edge, of the forest) and one GEMM over all of them adds ``outer(a, b)`` to ``param``."""
+    child edge, of the forest) and one GEMM over all of them adds ``outer(a, b)`` to ``param``. A `narrow`
+    term (a small weight) is deferred only by launches of few rows, chosen by each launch's row count; the
+    others add it per tile as an undeferred `AccumOuter` does."""
 
     kernel: str
     step: int
@@ -368,6 +370,7 @@ class DeferredOuter:
     m: int
     k: int
     rows: RowKind
+    narrow: bool = False
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,8 @@ GRAD_FIELDS: tuple[Field, ...] = (
     Field("d_states", "float *const *", "[N + 1] rows, the upstream gradients of the states (row N: a sink)"),
     Field("d_hoisted", "float *const *", "[internal nodes] rows"),
     Field("upstream", "const float *const *", "per output: its upstream gradient, or NULL"),
-    Field("deferred", "float *const *", "CUDA: per deferred weight gradient, its factors' rows (see driver)"),
+    Field("deferred", "float *const *", "per deferred weight gradient, its factors' rows (see driver)"),
+    Field("keep_rows", "int64_t", "C: launches of fewer rows keep narrow terms' rows (0: CX_KEEP_ROWS; 1: none)"),
 )
 
 #: `cx_launch`: how the CUDA driver launches (see `LaunchOptions` below), and on which stream

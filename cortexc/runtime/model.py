@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from cortexc.ir.cell import Cell
 
 #: the `cell.json` format this runtime reads (the compiler's `cortexc.codegen.module.FORMAT_VERSION`)
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 
 #: every device name (the backend table's); "cuda-emu" runs the CUDA code on the CPU (for tests: slow)
 DEVICES = tuple(BACKENDS)
