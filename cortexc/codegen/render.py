@@ -278,7 +278,7 @@ def deferred_outer_products(program: Program) -> list[dict[str, Any]]:
     first and last row of the forest its factors cover (C expressions over `call`), `when` its rows were
     written (a C condition over `grad`, None: always), and for a narrow term the launches that kept them:
     `levels` (the first and the end level of a level kernel's launches, C expressions) or, for a kernel of
-    one launch, `positions` (its first and end row)."""
+    one launch, `positions` (its first and end row; None for a level kernel)."""
     terms = []
     for term in program.deferred or ():
         kernel = program.kernel(term.kernel)
@@ -289,7 +289,7 @@ def deferred_outer_products(program: Program) -> list[dict[str, Any]]:
             levels = ("1", "call->num_levels") if grad_node else ("0", "1")
         else:
             first, last = _KERNEL_POSITIONS[kernel.rows]
-        positions = (first, last)
+        positions = (first, last) if levels is None else None
         if term.rows == RowKind.CHILD:
             first, last = f"call->edge_ptr[{first}]", f"call->edge_ptr[{last}]"
         # the rows exist only where the kernel ran: a phase that needs an output's upstream gradient is

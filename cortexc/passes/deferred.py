@@ -25,12 +25,12 @@ from cortexc.ir.program import AccumOuter, DeferredOuter, Program
 
 
 def defer_outer_products(program: Program, min_width: int = 0, narrow: bool = False) -> Program:
-    terms = tuple(
-        DeferredOuter(kernel.name, number, step.param, step.m, step.k, step.rows, narrow=not wide)
-        for kernel in program.kernels
-        for number, step in enumerate(kernel.steps)
-        if isinstance(step, AccumOuter)
-        for wide in (step.m * step.k >= min_width * (step.m + step.k),)
-        if wide or narrow
-    )
-    return replace(program, deferred=terms)
+    terms = []
+    for kernel in program.kernels:
+        for number, step in enumerate(kernel.steps):
+            if not isinstance(step, AccumOuter):
+                continue
+            wide = step.m * step.k >= min_width * (step.m + step.k)
+            if wide or narrow:
+                terms.append(DeferredOuter(kernel.name, number, step.param, step.m, step.k, step.rows, not wide))
+    return replace(program, deferred=tuple(terms))
