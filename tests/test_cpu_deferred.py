@@ -190,20 +190,30 @@ def test_the_torch_cpu_op_passes_the_factor_rows(rng, tmp_path_factory, monkeypa
         assert relative_error(getattr(module, name).grad.numpy(), value) < 2e-5, name
 
 
+def _chain(length: int) -> Forest:
+    return Forest.from_parents(np.append(np.arange(1, length), -1))
+
+
 #: cells at dims where every weight gradient is narrow, on forests whose backward has launches of few rows and
 #: of many: a long chain beside a batch of short ones (levels of 21 rows, then of one), random trees and a
-#: random DAG (wide levels at the bottom, narrow at the top; the DAG-RNN's terms have a row per child edge)
+#: random DAG (wide levels at the bottom), each beside a chain deeper than they are (levels of one row at the
+#: top, whatever the seed; the DAG-RNN's terms have a row per child edge)
 NARROW_CASES = {
     "lstm_chains": (
         "lstm.cell",
         {"X": 32, "H": 64},
-        lambda rng: Forest.concat(
-            [Forest.from_parents(np.append(np.arange(1, 40), -1))]
-            + [Forest.from_parents(np.append(np.arange(1, 10), -1))] * 20
-        ),
+        lambda rng: Forest.concat([_chain(40)] + [_chain(10)] * 20),
     ),
-    "treelstm_trees": ("treelstm.cell", {"X": 16, "H": 32}, lambda rng: Forest.random(60, rng=rng, max_children=3)),
-    "dagrnn_dag": ("dagrnn.cell", {"X": 16, "H": 48}, lambda rng: Forest.random_dag(400, rng=rng)),
+    "treelstm_trees": (
+        "treelstm.cell",
+        {"X": 16, "H": 32},
+        lambda rng: Forest.concat([Forest.random(60, rng=rng, max_children=3), _chain(80)]),
+    ),
+    "dagrnn_dag": (
+        "dagrnn.cell",
+        {"X": 16, "H": 48},
+        lambda rng: Forest.concat([Forest.random_dag(400, rng=rng), _chain(80)]),
+    ),
 }
 
 
