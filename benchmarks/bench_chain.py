@@ -5,16 +5,18 @@ times the forward (inference) and the forward + backward of both, quiet and then
 starts one competing busy process (a Python spin loop), measures again, and stops it by its pid. It
 reports ms per call, cortexc's speed-up over torch (torch ms / cortexc ms) and loaded / quiet for each.
 
-With ``--baseline DIR`` (a checkout of an earlier cortexc, e.g. before the deterministic driver), the
-same cell compiled by that tree's templates is run by this runtime on the same forests, so the table
-gives this driver / that driver: on forests of large levels that is the cost of determinism (fixed
-tiles, chunked weight gradients, staged shared rows). A Tree-LSTM and a DAG-RNN on large random
-forests are added to that comparison.
+Then the cost of determinism: the same packages' C built a second time with ``-DCX_ANY_ORDER``, the
+usual scheme that determinism replaced (each thread adds the tiles it happens to get into an accumulator
+of its own, the tiles dealt out as in a forward), run on the same forests by the same runtime, taking
+turns; the table gives deterministic / any-order for the chains and for a Tree-LSTM and a DAG-RNN on large
+random forests (``--no-determinism`` skips it). The other parts of the design that fix the order of sums
+(deferred weight gradients: one GEMM after the recursion; a DAG child's gradient staged per edge) are in
+both builds: each replaced a slower scheme, measured when it came in (benchmarks/results/README.md).
 
 Usage (from the repository root)::
 
     python benchmarks/bench_chain.py --threads 2
-    python benchmarks/bench_chain.py --threads 2 --baseline /tmp/cortexc-before --json out.json
+    python benchmarks/bench_chain.py --threads 2 --json out.json
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,7 +45,7 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--shapes", default="100x100,1000x10,1000x1", help="T x B, comma separated")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--no-load", action="store_true", help="skip the loaded run")
-    parser.add_argument("--baseline", type=Path, help="an earlier cortexc checkout to compare drivers with")
+    parser.add_argument("--no-determinism", action="store_true", help="skip the cost of determinism")
     parser.add_argument("--json", type=Path)
     return parser.parse_args()
 
@@ -58,7 +59,6 @@ import torch  # noqa: E402
 import cortexc  # noqa: E402
 from benchmarks.load import Busy  # noqa: E402
 from cortexc import Forest  # noqa: E402
-from cortexc.runtime.loader import import_package  # noqa: E402
 
 EXAMPLES = REPO / "examples"
 
@@ -156,29 +156,24 @@ def chain_timings(case: dict[str, Any]) -> dict[str, float]:
     return interleaved({**fns, "torch_train": torch_train}, ARGS.repeats)
 
 
-def baseline_package(source: Path, cell: str, defines: dict[str, int], out: Path) -> Path:
-    """The package of `cell` as the baseline checkout compiles it (its templates; run by this runtime)."""
-    code = (
-        "import sys, cortexc; from pathlib import Path; from cortexc.options import CompileOptions; "
-        "from cortexc.pipeline import write_package; "
-        f"p = Path({str(EXAMPLES / cell)!r}); "
-        f"print(write_package(p.read_text(), p.name, {str(out)!r}, CompileOptions.make(defines={defines!r})))"
-    )
-    env = dict(os.environ, PYTHONPATH=str(source))
-    # run from the baseline checkout: `python -c` puts the working directory first on sys.path, so from this
-    # repository's root it would import this tree's cortexc, not the baseline's
-    done = subprocess.run(
-        [sys.executable, "-c", code + "; print(cortexc.__file__)"], env=env, capture_output=True, text=True,
-        check=True, cwd=source,
-    )  # fmt: skip
-    *_, package, used = done.stdout.strip().splitlines()
-    if not Path(used).resolve().is_relative_to(source.resolve()):
-        raise SystemExit(f"the baseline package was compiled by {used}, not by {source}")
-    return Path(package)
+def any_order(model: Any) -> Any:
+    """A second model of `model`'s class and params, run by its C built with ``-DCX_ANY_ORDER``."""
+    from cortexc.runtime.build import C_FLAGS, build_shared
+    from cortexc.runtime.cpu import CpuExecutor
+
+    cls = type(model)
+    flags = (*C_FLAGS, "-DCX_ANY_ORDER")
+    library = build_shared(cls._kernel_sources["c"], f"{cls.signature.name}_any_order", flags=flags)
+    other = cls(device="cpu", seed=0)
+    other.load_params(model.params)
+    executor = CpuExecutor(cls._spec, library)
+    executor.set_params(other._params)
+    other._executor = executor
+    return other
 
 
 def driver_cases(rng: np.random.Generator) -> list[tuple[str, str, dict[str, int], Forest]]:
-    """Forests of large levels, where the drivers differ only in how sums are ordered."""
+    """Forests of large levels (many tiles per launch, so the two builds add them in different orders)."""
     return [
         ("binary_treelstm", "binary_treelstm.cell", {"V": 1000, "X": 300, "H": 150, "C": 5},
          Forest.random(500, rng=rng, binary=True, max_nodes=60)),
@@ -186,27 +181,26 @@ def driver_cases(rng: np.random.Generator) -> list[tuple[str, str, dict[str, int
     ]  # fmt: skip
 
 
-def driver_timings(ours: Any, base: Any, forest: Forest, rng: np.random.Generator) -> tuple[dict, dict]:
-    """Forward and forward + backward of the same cell from two packages, interleaved."""
-    models = [getattr(m, m.__all__[0])(device="cpu", seed=0) for m in (ours, base)]
+def determinism_timings(model: Any, forest: Forest, rng: np.random.Generator) -> dict[str, float]:
+    """Forward and forward + backward of one model, deterministic and any-order, interleaved; and the
+    largest difference of their gradients relative to the largest gradient (the orders differ, the sums
+    should not by more than rounding)."""
+    other = any_order(model)
     inputs = {}
-    for decl in models[0].signature.inputs:
+    for decl in model.signature.inputs:
         if decl.is_index:
             inputs[decl.name] = rng.integers(0, decl.index_range, forest.num_nodes).astype(np.int32)
         else:
             inputs[decl.name] = rng.standard_normal((forest.num_nodes, *decl.shape)).astype(np.float32)
-    upstream = {k: np.ones_like(v) for k, v in models[0](forest, **inputs).items()}
+    upstream = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in model(forest, **inputs).items()}
+    grads = [m.backward(m(forest, grad=True, **inputs), upstream) for m in (model, other)]
+    scale = max(float(np.abs(np.asarray(g)).max()) for g in grads[0].values())
+    diff = max(float(np.abs(np.asarray(grads[0][k]) - np.asarray(grads[1][k])).max()) for k in grads[0])
     fns: dict[str, Callable[[], Any]] = {}
-    for tag, model in zip(("this", "base"), models):
-        fns[f"{tag}_fwd"] = lambda m=model: m(forest, **inputs)
-        fns[f"{tag}_train"] = lambda m=model: m.backward(m(forest, grad=True, **inputs), upstream)
-    t = interleaved(fns, ARGS.repeats)
-    return ({"fwd": t["this_fwd"], "train": t["this_train"]}, {"fwd": t["base_fwd"], "train": t["base_train"]})
-
-
-def _both_forward(ours: Any, base: Any, forest: Forest, x: np.ndarray) -> dict[str, float]:
-    this_model, base_model = ours.LSTM(device="cpu", seed=0), base.LSTM(device="cpu", seed=0)
-    return interleaved({"this": lambda: this_model(forest, x=x), "base": lambda: base_model(forest, x=x)}, ARGS.repeats)
+    for tag, m in (("det", model), ("any", other)):
+        fns[f"{tag}_fwd"] = lambda m=m: m(forest, **inputs)
+        fns[f"{tag}_train"] = lambda m=m: m.backward(m(forest, grad=True, **inputs), upstream)
+    return {**interleaved(fns, ARGS.repeats), "grad_rel_diff": diff / scale}
 
 
 def main() -> None:
@@ -249,27 +243,22 @@ def main() -> None:
         + ", ".join(f"{c['T']}x{c['B']} {c['threads'][0]}/{c['threads'][1]}" for c in cases)
     )
 
-    if ARGS.baseline is not None:
-        print(f"\nthis driver vs the baseline's ({ARGS.baseline}), same runtime and forests; ms per call")
-        print(f"{'cell':<16} {'what':<6} {'this':>9} {'baseline':>9} {'this/base':>9}")
-        results["driver"] = []
-        lstm_defines = {"X": ARGS.x, "H": ARGS.hidden}
-        base = import_package(baseline_package(ARGS.baseline, "lstm.cell", lstm_defines, work / "base"))
-        for T, B in shapes:
-            forest = chains(T, B)
-            x = rng.standard_normal((forest.num_nodes, ARGS.x)).astype(np.float32)
-            row = _both_forward(module, base, forest, x)
-            results["driver"].append({"cell": f"lstm T={T} B={B}", "fwd": row})
-            print(f"{f'lstm {T}x{B}':<16} {'fwd':<6} {row['this']:>9.3f} {row['base']:>9.3f} "
-                  f"{row['this'] / row['base']:>8.3f}x")  # fmt: skip
+    if not ARGS.no_determinism:
+        print("\nthe cost of determinism: this build / the same C built with -DCX_ANY_ORDER (see the docstring),")
+        print(f"same runtime and forests, taking turns; ms per call, median of {ARGS.repeats}")
+        print(f"{'cell':<16} {'nodes':>7} {'what':<6} {'determ.':>9} {'any order':>9} {'det/any':>8} {'grad diff':>9}")
+        results["determinism"] = []
+        runs = [(f"lstm {T}x{B}", cases[i]["model"], cases[i]["forest"]) for i, (T, B) in enumerate(shapes)]
         for name, cell, defines, forest in driver_cases(rng):
-            ours = cortexc.load(EXAMPLES / cell, out_dir=work / f"ours_{name}", **defines)
-            base = import_package(baseline_package(ARGS.baseline, cell, defines, work / f"base_{name}"))
-            this_t, base_t = driver_timings(ours, base, forest, rng)
-            results["driver"].append({"cell": name, "this": this_t, "base": base_t, "nodes": forest.num_nodes})
+            module = cortexc.load(EXAMPLES / cell, out_dir=work / name, **defines)
+            runs.append((name, getattr(module, module.__all__[0])(device="cpu", seed=0), forest))
+        for name, model, forest in runs:
+            t = determinism_timings(model, forest, rng)
+            results["determinism"].append({"cell": name, "nodes": forest.num_nodes, **t})
             for what in ("fwd", "train"):
-                print(f"{name:<16} {what:<6} {this_t[what]:>9.3f} {base_t[what]:>9.3f} "
-                      f"{this_t[what] / base_t[what]:>8.3f}x")  # fmt: skip
+                det, anyo = t[f"det_{what}"], t[f"any_{what}"]
+                diff = f"{t['grad_rel_diff']:>9.1e}" if what == "train" else ""
+                print(f"{name:<16} {forest.num_nodes:>7} {what:<6} {det:>9.3f} {anyo:>9.3f} {det / anyo:>7.3f}x {diff}")
     if ARGS.json:
         ARGS.json.write_text(json.dumps(results, indent=1, default=float))
 

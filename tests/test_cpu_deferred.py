@@ -55,7 +55,7 @@ def test_the_cpu_backward_keeps_factor_rows_instead_of_accumulating(path, large)
     terms = program.deferred or ()
     deferred = {(t.kernel, t.step): index for index, t in enumerate(terms)}
     phase = _function(text, "cx_deferred_phase") if deferred else ""
-    per_tile = set()
+    per_tile, by_kernel = set(), {}
     for kernel in program.kernels:
         body = _function(text, f"cx_kernel_{kernel.name}")
         outer = [n for n, s in enumerate(kernel.steps) if isinstance(s, AccumOuter)]
@@ -78,10 +78,18 @@ def test_the_cpu_backward_keeps_factor_rows_instead_of_accumulating(path, large)
                 assert phase.count(kept) == 1
             else:
                 assert phase.count(f"cx_deferred_block(grad->deferred[{index}],") == 1
-        per_tile |= {s.param for s in kernel.steps if isinstance(s, AccumSum)}
+        by_kernel[kernel.name] = {s.param for s in kernel.steps if isinstance(s, AccumSum)}
+        by_kernel[kernel.name] |= {kernel.steps[n].param for n in narrow}
+        per_tile |= by_kernel[kernel.name]
     assert any(not t.narrow for t in terms) or not large
     floats = sum(int(np.prod(program.cell.param(name).shape)) for name in per_tile)
-    assert f"calloc((size_t){floats} + 1, sizeof(float))" in text
+    assert f"malloc(sizeof(float) * ((size_t){floats} + 1))" in text
+    # each kernel's launches zero (and the sums read) the regions of the params its tiles add to, no others
+    regions = [name for name, _, _ in program.accumulators if name in per_tile]
+    for kernel, params in by_kernel.items():
+        listed = sorted(regions.index(name) for name in params)
+        declaration = f"static const int cx_regions_{kernel}[] = {{{', '.join(map(str, [*listed, -1]))}}};"
+        assert (declaration in text) == bool(listed), declaration
 
 
 def _poison(model) -> None:

@@ -528,3 +528,33 @@ def test_reused_call_scratch_changes_no_bit(packages, rng):
         got_g = reused.backward(kept, upstream)
         assert (got_h == want_h).all()
         assert got_g.keys() == want_g.keys() and all((got_g[k] == want_g[k]).all() for k in want_g)
+
+
+def test_the_any_order_build_measured_against_sums_the_same_gradients_in_another_order(
+    rng, tmp_path_factory, monkeypatch
+):
+    """benchmarks/bench_chain.py states the cost of determinism against the same C built with -DCX_ANY_ORDER
+    (each thread adds its tiles into an accumulator of its own): that build must be right, and differ."""
+    from cortexc.runtime.build import C_FLAGS, build_shared
+    from cortexc.runtime.cpu import CpuExecutor
+
+    monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    module = cortexc.load(EXAMPLES / "lstm.cell", out_dir=tmp_path_factory.mktemp("pkg"), X=7, H=9)
+    model, reference = twin_models(module, "cpu", 5, rng)
+    cls = type(model)
+    library = build_shared(cls._kernel_sources["c"], "lstm_any_order", flags=(*C_FLAGS, "-DCX_ANY_ORDER"))
+    any_order, _ = twin_models(module, "cpu", 5, np.random.default_rng(0))
+    any_order.load_params(model.params)
+    any_order._executor = CpuExecutor(cls._spec, library)
+    any_order._executor.set_params(any_order._params)
+    # launches of hundreds of rows (many tiles: more than the chunks) and of one
+    forest = Forest.concat([_chain(50)] + [_chain(int(n)) for n in rng.integers(1, 6, 2000)])
+    inputs = random_inputs(model.cell, forest, rng)
+    expected = reference(forest, grad=True, **inputs)
+    upstream = {key: rng.standard_normal(value.shape).astype(np.float32) for key, value in expected.items()}
+    grads = reference.backward(expected, upstream)
+    ours, theirs = (m.backward(m(forest, grad=True, **inputs), upstream) for m in (model, any_order))
+    for key, value in grads.items():
+        assert relative_error(theirs[key], value) < 1e-5, key
+        assert relative_error(ours[key], value) < 1e-5, key
+    assert any(not np.array_equal(ours[key], theirs[key]) for key in grads), "the two builds sum alike"

@@ -119,6 +119,8 @@ def render(program: Program, target: Target, source_file: str) -> str:
     accumulators = _accumulators(cell, program, deferred)
     offsets = {a["param"]: a["offset"] for a in accumulators}
     kernels = [_kernel_context(cell, program, kernel, target, deferred, offsets) for kernel in program.kernels]
+    for context in kernels:
+        context["acc_regions"] = [i for i, a in enumerate(accumulators) if context["name"] in a["kernels"]]
     node, leaf = program.role(KernelRole.NODE), program.role(KernelRole.LEAF)
     split = node.split if target.column_split else None
     packed_index = {w.name: i for i, w in enumerate(program.packed)}
@@ -322,21 +324,29 @@ def deferred_outer_products(program: Program) -> list[dict[str, Any]]:
 def _accumulators(cell: Cell, program: Program, deferred: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The weight gradients the kernels still add per tile (all but the deferred terms: the bias sums, on a
     target that defers, and the narrow terms, which wide launches add per tile), each with its offset in a
-    chunk's accumulator (C) and its param's index."""
-    skipped = {(t["kernel"], t["step"]) for t in deferred if not t["narrow"]}
-    kept = {
-        step.param
-        for kernel in program.kernels
-        for number, step in enumerate(kernel.steps)
-        if isinstance(step, AccumSum) or (isinstance(step, AccumOuter) and (kernel.name, number) not in skipped)
-    }
+    chunk's accumulator (C), its param's index and the kernels that add to it."""
+    added = {kernel.name: _added_per_tile(kernel, deferred) for kernel in program.kernels}
+    kept = set().union(*added.values())
     names = [p.name for p in cell.params]
     accumulators, offset = [], 0
     for name, _, size in program.accumulators:
         if name in kept:
-            accumulators.append({"param": name, "index": names.index(name), "offset": offset, "size": size})
+            kernels = [k for k, params in added.items() if name in params]
+            accumulators.append(
+                {"param": name, "index": names.index(name), "offset": offset, "size": size, "kernels": kernels}
+            )
             offset += size
     return accumulators
+
+
+def _added_per_tile(kernel: Kernel, deferred: list[dict[str, Any]]) -> set[str]:
+    """The params `kernel`'s tiles may add to (AccumSum, and AccumOuter but for the wide deferred terms)."""
+    skipped = {t["step"] for t in deferred if not t["narrow"] and t["kernel"] == kernel.name}
+    return {
+        step.param
+        for number, step in enumerate(kernel.steps)
+        if isinstance(step, AccumSum) or (isinstance(step, AccumOuter) and number not in skipped)
+    }
 
 
 #: output rows x columns of one work item of the C deferred phase (its threads share the items)
