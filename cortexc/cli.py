@@ -21,7 +21,7 @@ import numpy as np
 from cortexc.errors import CellError, CortexcError, DimError, ForestError
 from cortexc.ir.cell import Cell
 from cortexc.ir.ops import fmt_shape
-from cortexc.options import KNOWN_TARGETS, CompileOptions
+from cortexc.options import KNOWN_TARGETS, MAX_DIM, CompileOptions
 from cortexc.runtime.abi import LaunchMode, LaunchOptions
 from cortexc.runtime.backends import BACKENDS, targets_of
 from cortexc.runtime.signature import CellSignature
@@ -36,9 +36,12 @@ def parse_defines(items: list[str]) -> dict[str, int]:
     for item in items:
         name, sep, value = item.partition("=")
         digits = value.strip()
-        if not sep or not name.isidentifier() or not (digits.isascii() and digits.isdigit()) or int(digits) < 1:
-            raise DimError(f"-D {item}: expected NAME=VALUE with a positive integer VALUE")
-        defines[name] = int(value)
+        shown = item if len(item) <= 60 else f"{item[:40]}... ({len(item)} characters)"
+        if not sep or not name.isidentifier() or not (digits.isascii() and digits.isdigit()) or not digits.strip("0"):
+            raise DimError(f"-D {shown}: expected NAME=VALUE with a positive integer VALUE")
+        if len(digits.lstrip("0")) > len(str(MAX_DIM)):  # Python refuses to read ints of over 4300 digits
+            raise DimError(f"-D {shown}: a dim must be at most {MAX_DIM}")
+        defines[name] = int(digits)
     return defines
 
 
@@ -389,7 +392,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # here, so that a closed pipe is caught below and not at exit
+        return status
+    except BrokenPipeError:  # `cortexc ... | head -1`: the reader is gone; end quietly as standard tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # nothing left to flush into the closed pipe at exit
+        return 141  # 128 + SIGPIPE: what a shell reports for a tool the closed pipe ended
     except CellError as err:  # file:line:col: error: ... (or error: ... without a place)
         print(err.format(), file=sys.stderr)
         return 1

@@ -11,13 +11,36 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cortexc.errors import CortexcError
+from cortexc.errors import CortexcError, DimError
 from cortexc.runtime.abi import LaunchOptions
+
+#: the largest dim a cell may declare or a define may set
+MAX_DIM = 1 << 24
+
+
+def define_problem(name: str, value: object) -> str | None:
+    """What is wrong with a dim override's value (None if nothing): it must be an int in [1, MAX_DIM]."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
+        return f"dim override {name}={_shown(value)}: a dim must be a positive integer"
+    if int(value) > MAX_DIM:
+        return f"dim override {name}={_shown(value)}: a dim must be at most {MAX_DIM}"
+    return None
+
+
+def _shown(value: object) -> str:
+    """A user's value as a message shows it: an int too long to print (Python refuses to write ints of
+    over 4300 digits) by its size instead."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and abs(int(value)) > 10**30:
+        return f"<an integer of about {round(abs(int(value)).bit_length() * 0.30103)} digits>"
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}..."
+
 
 #: the kernel targets the code generators know (the backends that run them are in `cortexc.runtime.backends`)
 KNOWN_TARGETS = ("c", "cuda")
@@ -48,6 +71,10 @@ class CompileOptions:
                 raise CortexcError(f"target {name!r} is not available (available: {', '.join(KNOWN_TARGETS)})")
         if not self.targets:
             raise CortexcError("at least one target is needed")
+        for name, value in self.defines:
+            problem = define_problem(name, value)
+            if problem is not None:  # before anything prints or hashes the value
+                raise DimError(problem)
 
     @classmethod
     def make(

@@ -51,7 +51,7 @@ from cortexc.runtime.linearize import Linearized, linearize
 from cortexc.runtime.model import CellModel, cell_class
 from cortexc.runtime.philox import EVAL, SEED_LIMIT, Dropout
 from cortexc.runtime.signature import CellSignature, EmbeddingSig
-from cortexc.runtime.validate import check_forest
+from cortexc.runtime.validate import check_forest, checked_flag
 
 __all__ = ["CellModule", "ForestBatch", "ignore_sparse_tables_for_ddp"]
 
@@ -626,8 +626,8 @@ class CellModule(nn.Module):
         if not (isinstance(cls, type) and issubclass(cls, CellModel)):
             raise CortexcError(f"CellModule wraps a cell class of a generated package, got {cls!r}")
         self._cell_ref = (str(cls._package), cls.signature.name)
-        self.sparse = bool(sparse)
-        self.fold = bool(fold)
+        self.sparse = checked_flag(sparse, "sparse")
+        self.fold = checked_flag(fold, "fold")
         from cortexc.runtime.params import init_params
 
         values = init_params(cls.signature, seed)

@@ -86,10 +86,12 @@ def compare_backward(model, reference, out, expected, rng: np.random.Generator, 
         assert relative_error(grads[key], value) < rtol, f"d{key}"
 
 
-def nvcc_compile(path: Path, device_only: bool = False) -> subprocess.CompletedProcess:
+def nvcc_compile(path: Path, device_only: bool = False, generated: bool = False) -> subprocess.CompletedProcess:
     """Compile one `.cu` to an object for sm_80 and sm_90, every warning an error, with ptxas's register
     and spill report in stderr. `device_only`: the device code alone to a cubin for sm_90 (no host
-    compiler, one ptxas run: ~40% of the time; g++ compiles the same host code in the emulated runs)."""
+    compiler, one ptxas run: ~40% of the time; g++ compiles the same host code in the emulated runs).
+    `generated`: a package's `.cu`, compiled as a user's build system would, with no include path of
+    cortexc's and from another folder (it must build alone); test kernels get `-I cortexc/runtime`."""
     from cortexc.runtime.device import cuda_include_flags
 
     if device_only:
@@ -97,8 +99,9 @@ def nvcc_compile(path: Path, device_only: bool = False) -> subprocess.CompletedP
     else:
         gencode = ["-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90"]
         target = [*gencode, "-c", "-o", str(path.with_suffix(".o"))]
-    command = ["nvcc", *target, "-O3", "-Werror", "all-warnings", "-Xptxas", "-v", *cuda_include_flags(), str(path)]
-    return subprocess.run(command, capture_output=True, text=True)
+    include = () if generated else cuda_include_flags()
+    command = ["nvcc", *target, "-O3", "-Werror", "all-warnings", "-Xptxas", "-v", *include, str(path)]
+    return subprocess.run(command, capture_output=True, text=True, cwd="/" if generated else None)
 
 
 #: examples at small dims for runtime tests: a chain cell, a tree cell with an index input and an output, a

@@ -19,7 +19,7 @@ from cortexc.passes.schedule import schedule
 from cortexc.pipeline import compile_file
 from cortexc.runtime import abi
 from cortexc.runtime.abi import LaunchMode, LaunchOptions
-from tests.helpers import EXAMPLES
+from tests.helpers import EXAMPLES, REPO
 
 STRUCTS = {"cx_call": abi.CxCall, "cx_grad": abi.CxGrad, "cx_launch": abi.CxLaunch}
 
@@ -48,12 +48,15 @@ def test_rendered_typedefs_and_ctypes_structs_have_one_layout(tmp_path):
 
 def test_generated_code_declares_the_abi_it_is_given():
     """The rendered source carries the typedefs of abi.py verbatim (C target: cx_call and cx_grad; CUDA: also
-    cx_launch), includes the one nvcc prelude and never reads the environment."""
+    cx_launch), the one nvcc prelude inline (it includes no header of cortexc's) and never reads the
+    environment."""
     program = defer_outer_products(split_columns(schedule(compile_file(EXAMPLES / "binary_treelstm.cell")[0])))
-    cuda = render(program, CUDA, "binary_treelstm.cell")
+    source = render(program, CUDA, "binary_treelstm.cell")
     for name, fields in abi.STRUCTS.items():
-        assert abi.c_typedef(name, fields) in cuda, name
-    assert '#include "cuda_prelude.cuh"' in cuda and "#define CX_LAUNCH(" not in cuda
+        assert abi.c_typedef(name, fields) in source, name
+    prelude = (REPO / "cortexc" / "runtime" / "cuda_prelude.cuh").read_text().rstrip()
+    assert source.count(prelude) == 1 and '#include "' not in source
+    cuda = source.replace(prelude, "")
     for name in abi.DEVICE_MEMORY_EXPORTS:  # what DeviceMemory checks a library for
         assert f'extern "C" int {name}(' in cuda, name
     # every launch and synchronisation of the entry points names the call's stream

@@ -235,3 +235,46 @@ def test_run_shows_the_interpreters_progress_with_tqdm(monkeypatch, capsys):
     nodes = int(captured.out.split(" nodes, ")[0].rsplit(" ", 1)[1])
     assert sum(updates) == nodes and len(updates) == -(-nodes // 256)
     assert "interpreter: 100%" in captured.err
+
+
+def test_a_closed_pipe_ends_the_program_quietly():
+    """`cortexc check FILE | head -1`: the reader has gone before the summary is written; no `error:` line,
+    no traceback, the status a tool ended by SIGPIPE has (128 + 13)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cortexc.cli", "check", str(EXAMPLES / "treelstm.cell")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # long before the interpreter has started
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 141, stderr
+    assert stderr == ""
+
+
+def test_a_define_too_long_to_print_is_a_dim_error():
+    """Python refuses to read or write ints of over 4300 digits: a message, not a ValueError."""
+    result = run_cli("check", str(EXAMPLES / "treelstm.cell"), "-D", "H=" + "9" * 6000)
+    assert result.returncode == 1
+    assert "a dim must be at most 16777216" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr) < 300
+
+
+def test_a_file_of_comments_echoes_its_first_line_with_a_caret(tmp_path):
+    path = tmp_path / "comments.cell"
+    path.write_text("# only comments\n# here\n", encoding="utf-8")
+    result = run_cli("check", str(path))
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith(f"{path}:1:1: error: the file defines no cell")
+    assert lines[1:] == ["# only comments", "^"]
+
+
+def test_a_cuda_package_builds_alone(tmp_path):
+    """`cortexc compile --target cuda -o OUT`: the `.cu` includes only system headers (the prelude of
+    cortexc's macros is inlined), so a build system given OUT alone compiles it."""
+    assert main(["compile", str(EXAMPLES / "lstm.cell"), "--target", "cuda", "-o", str(tmp_path)]) == 0
+    (source,) = (tmp_path / "lstm").glob("*.cu")
+    includes = [line for line in source.read_text().splitlines() if line.startswith("#include")]
+    assert includes and all(line.split()[1].startswith("<") for line in includes), includes
+    assert "#define CX_NVCC_PRELUDE" in source.read_text()

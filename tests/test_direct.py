@@ -93,8 +93,10 @@ def test_the_c_program_has_a_direct_kernel_where_a_sum_mixes_a_hoisted_and_a_chi
         (kernel,) = direct
         assert all(v.op != Op.HOISTED for v in kernel.body.values)
         assert [p.kernel for p in c.direct] == [p.kernel.replace("node", "node_direct") for p in c.forward[1:]]
-        stacked = [w for w in c.packed if w.columns]
-        assert stacked and all(w.k == sum(c.cell.param(p).shape[1] for p in w.params) for w in stacked)
+        stacked = [w for w in c.packed if max(w.blocks) > 1]
+        assert stacked
+        for w in stacked:
+            assert all(w.k == sum(c.cell.param(p).shape[1] for p, _ in row) for row in w.block_rows())
 
 
 def _evaluate(body, view, hoisted=None):

@@ -13,6 +13,7 @@ import pytest
 
 from cortexc.errors import CellError, CellSyntaxError, CellTypeError, DimError
 from cortexc.frontend import lower_source
+from tests.helpers import EXAMPLES
 
 DECLS = (
     "    dim X = 4, H = 8",  # line 2
@@ -960,3 +961,13 @@ def test_rendering_with_crlf_line_endings():
 def test_every_error_is_a_cell_error_subclass():
     for cls in (CellSyntaxError, CellTypeError, DimError):
         assert issubclass(cls, CellError)
+
+
+def test_cortexc_load_refuses_a_dim_too_long_to_print(tmp_path):
+    """An int of 5001 digits through the Python API: the typed error `-D` gives, not Python's ValueError."""
+    import cortexc
+
+    with pytest.raises(DimError, match=r"dim override H=<an integer of about 5000 digits>: a dim must be at most"):
+        cortexc.load(EXAMPLES / "lstm.cell", tmp_path, H=10**5000)
+    with pytest.raises(DimError, match="a dim must be a positive integer"):
+        cortexc.load(EXAMPLES / "lstm.cell", tmp_path, H="64")

@@ -24,6 +24,8 @@ from cortexc.errors import CortexcError, InputError
 from cortexc.runtime import safetensors
 from cortexc.runtime.validate import check_forest, check_inputs
 from tests.helpers import EXAMPLES, REPO, random_inputs, relative_error, small_forest, sst_path
+from tests.test_gate_by_gate import CELLS as GATE_CELLS
+from tests.test_gate_by_gate import gate_forest
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("gcc") is None, reason="needs make, gcc")
 
@@ -47,8 +49,16 @@ def _make(directory: Path, *targets: str) -> None:
 class Exported:
     """An exported example with its `_run` and `_check` built, and the same cell in Python."""
 
-    def __init__(self, root: Path, example: str, dims: dict[str, int], params: dict[str, np.ndarray] | None = None):
-        module = cortexc.load(EXAMPLES / f"{example}.cell", root / "py", **dims)
+    def __init__(
+        self,
+        root: Path,
+        example: str,
+        dims: dict[str, int],
+        params: dict[str, np.ndarray] | None = None,
+        path: Path | None = None,
+    ):
+        path = path or EXAMPLES / f"{example}.cell"
+        module = cortexc.load(path, root / "py", **dims)
         self.cls = getattr(module, module.__all__[0])
         self.name = self.cls.signature.name
         params_file = None
@@ -57,7 +67,7 @@ class Exported:
             model.load_params(params)
             params_file = root / "trained.safetensors"
             model.save_params(params_file)
-        self.dir = export(EXAMPLES / f"{example}.cell", root / "dist", dims, params_file)
+        self.dir = export(path, root / "dist", dims, params_file)
         _make(self.dir, f"{self.name}_run", f"{self.name}_check")
         self.params = safetensors.load(self.dir / "params.safetensors")
 
@@ -214,7 +224,19 @@ def test_run_matches_python_on_wide_chains(exported, rng):
     exp = exported("lstm")
     lengths = rng.integers(20, 30, 8)
     forest = Forest.concat([Forest.from_parents([i + 1 if i < n - 1 else -1 for i in range(n)]) for n in lengths])
-    assert any(w["columns"] for w in exp.cls._spec["packed"]["c"])
+    assert any(max(w["blocks"]) > 1 for w in exp.cls._spec["packed"]["c"])
+    _compare(exp, forest, random_inputs(exp.cls.signature, forest, rng))
+
+
+@pytest.mark.parametrize("stem", ["gate_lstm", "gate_highway"])
+def test_run_matches_python_with_block_weights(stem, tmp_path, rng):
+    """Cells written gate by gate: their direct node kernel's weight is block rows of params side by side
+    (the highway cell's last row a plain param over an equal concat), packed by the export's own loader."""
+    path = tmp_path / f"{stem}.cell"
+    path.write_text(GATE_CELLS[stem], encoding="utf-8")
+    exp = Exported(tmp_path, stem, {}, path=path)
+    assert any(len(w["blocks"]) > 1 and max(w["blocks"]) > 1 for w in exp.cls._spec["packed"]["c"])
+    forest = gate_forest(GATE_CELLS[stem], rng)
     _compare(exp, forest, random_inputs(exp.cls.signature, forest, rng))
 
 

@@ -90,3 +90,28 @@ def test_an_upstream_gradient_that_is_not_numbers(upstream, module):
     out = model(forest, grad=True, x=np.ones((2, 3), np.float32))
     with pytest.raises(InputError):
         model.backward(out, upstream)
+
+
+@pytest.mark.parametrize("flag", ["grad", "host", "train"])
+@pytest.mark.parametrize("value", ["no", 0, 1, None, np.array([True])])
+def test_flag_arguments_must_be_bools(module, flag, value):
+    """`grad="no"` is truthy in Python: it would silently turn gradient mode on. Every flag argument is
+    True or False (NumPy's bools too), else an `InputError` naming it."""
+    model = module.P(device="cpu")
+    forest = Forest.from_parents([1, -1])
+    x = np.zeros((2, 3), np.float32)
+    with pytest.raises(InputError, match=rf"{flag} must be True or False, got"):
+        model(forest, x=x, **{flag: value})
+    model(forest, x=x, **{flag: np.bool_(False)})
+
+
+def test_sparse_and_fold_must_be_bools(module):
+    model = module.P(device="cpu")
+    forest = Forest.from_parents([1, -1])
+    out = model(forest, grad=True, x=np.zeros((2, 3), np.float32))
+    with pytest.raises(InputError, match="sparse must be True or False, got str 'no'"):
+        model.backward(out, {"h": np.ones((2, 3), np.float32)}, sparse="no")
+    with pytest.raises(InputError, match="fold must be True or False"):
+        module.P(device="cpu", fold="off")
+    with pytest.raises(InputError, match="fold must be True or False"):
+        model.fold = 1

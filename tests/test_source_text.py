@@ -11,8 +11,8 @@ import pytest
 import cortexc
 from cortexc.cli import main, parse_defines
 from cortexc.errors import CellSyntaxError, CellTypeError, DimError, SourceError
-from cortexc.frontend.check import MAX_DIM
 from cortexc.frontend.parser import parse
+from cortexc.options import MAX_DIM
 from cortexc.pipeline import compile_source
 from tests.helpers import REPO
 

@@ -60,19 +60,17 @@ def cell_context(cell: Cell, program: Program, fold: bool = True) -> dict[str, A
     shapes = {p.name: tuple(p.shape) for p in cell.params}
     packed = []
     for weight in program.packed:
-        transposed = weight.transposed or (False,) * len(weight.params)
-        parts, row0, col0 = [], 0, 0
-        for name, flip in zip(weight.params, transposed):
-            size = int(np.prod(shapes[name], dtype=np.int64))
-            rows = shapes[name][-1] if flip else (weight.m if weight.columns else size // weight.k)
-            cols = size // rows
-            part = {"name": name, "index": param_index[name], "transposed": flip, "rows": rows, "cols": cols}
-            parts.append({**part, "row0": row0, "col0": col0})
-            if weight.columns:  # side by side: each part is rows 0..m of its own columns
+        parts, row0 = [], 0
+        for block_row in weight.block_rows():  # params side by side, each [rows, cols] as packed
+            col0 = 0
+            for name, flip in block_row:
+                shape = shapes[name]
+                rows, cols = (shape[-1], shape[0]) if flip else (shape[0], shape[-1])
+                part = {"name": name, "index": param_index[name], "transposed": flip, "rows": rows, "cols": cols}
+                parts.append({**part, "row0": row0, "col0": col0})
                 col0 += cols
-            else:
-                row0 += rows
-        packed.append({"m": weight.m, "k": weight.k, "columns": weight.columns, "parts": parts})
+            row0 += rows
+        packed.append({"m": weight.m, "k": weight.k, "parts": parts})
     states: list[dict[str, Any]] = [
         {"name": s.name, "shape": list(s.shape), "width": _width(s.shape), "shape_text": _shape_text(s.shape)}
         for s in cell.states

@@ -38,7 +38,7 @@ from cortexc.options import CompileOptions
 if TYPE_CHECKING:
     from cortexc.pipeline import Rendered
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def _packed_json(program: Program) -> list[dict[str, Any]]:
             "m": w.m,
             "k": w.k,
             "transposed": list(w.transposed),
-            "columns": w.columns,
+            "blocks": list(w.blocks),
         }
         for w in program.packed
     ]

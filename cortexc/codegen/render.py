@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
+from importlib import resources
 from typing import Any
 
 import jinja2
@@ -110,6 +111,12 @@ _ROWS_DOC = {
 }
 
 
+@functools.cache
+def _cuda_prelude() -> str:
+    """The text of `cortexc/runtime/cuda_prelude.cuh`, which a generated `.cu` carries inline."""
+    return resources.files("cortexc.runtime").joinpath("cuda_prelude.cuh").read_text(encoding="utf-8").rstrip()
+
+
 def render(program: Program, target: Target, source_file: str) -> str:
     """The kernel source of a program for a target (C or CUDA), from the one skeleton."""
     cell = program.cell
@@ -137,6 +144,7 @@ def render(program: Program, target: Target, source_file: str) -> str:
     template = environment().get_template("kernels.j2")
     return template.render(
         target=target,
+        cuda_prelude=_cuda_prelude(),
         c_helpers=c_helpers(program.kernels),
         nr=target.gemm_nr,
         mr=target.gemm_mr,

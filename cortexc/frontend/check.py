@@ -14,7 +14,6 @@ from __future__ import annotations
 import difflib
 import keyword
 import math
-import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -22,6 +21,7 @@ from cortexc.errors import CellError, CellTypeError, DimError, SourceLoc
 from cortexc.frontend import ast
 from cortexc.ir import cell as ir
 from cortexc.ir.ops import Shape
+from cortexc.options import MAX_DIM, define_problem
 
 INIT_ARITY = {"zeros": 0, "ones": 0, "xavier": 0, "uniform": 2, "normal": 2}
 
@@ -74,10 +74,9 @@ def check_module(module: ast.Module, defines: Mapping[str, int] | None = None) -
     defines = dict(defines or {})
     sink = ErrorSink()
     for name, value in list(defines.items()):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= MAX_DIM:
-            small = isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1
-            bound = "a positive integer" if small else f"at most {MAX_DIM}"
-            sink.report(f"dim override {name}={value!r}: a dim must be {bound}", None, DimError)
+        problem = define_problem(name, value)
+        if problem is not None:
+            sink.report(problem, None, DimError)
             del defines[name]  # checked with its default instead, so no error follows from it
     seen_cells: dict[str, ast.CellDef] = {}
     declared: list[DeclaredCell] = []
@@ -92,7 +91,11 @@ def check_module(module: ast.Module, defines: Mapping[str, int] | None = None) -
         if result is not None:
             declared.append(result)
     if not module.cells:
-        sink.report("the file defines no cell", SourceLoc(module.file, 1, 1, ""))
+        first_line = next(iter(module.source.splitlines()), "")
+        sink.report(
+            "the file defines no cell (write one as `cell NAME on tree { ... }`)",
+            SourceLoc(module.file, 1, 1, first_line),
+        )
     every_dim = {item.name for c in module.cells for item in c.items if isinstance(item, ast.DimDecl)}
     for name in defines:
         if name not in every_dim:
@@ -108,7 +111,6 @@ def check_module(module: ast.Module, defines: Mapping[str, int] | None = None) -
 
 #: the largest dim (a `-D` value too), and the most elements of one param, input, state or output: the kernels
 #: index rows with 32-bit integers, and params are initialised in float64 first
-MAX_DIM = 1 << 24
 MAX_ELEMENTS = (1 << 31) - 1
 
 #: the largest magnitude of an init's numbers: values drawn from it stay finite in float32

@@ -345,15 +345,26 @@ class Phase:
 
 @dataclass(frozen=True)
 class PackedWeight:
-    """Params stacked by rows (or, `columns`, side by side) and packed once at load time for the GEMM
-    micro-kernel."""
+    """Params as one block matrix, packed once at load time for the GEMM micro-kernel: `blocks` block rows
+    stacked by rows, each of ``blocks[i]`` params side by side (the next ones of `params`, in order).
+    The products of one GEMM group each make a block row: ``P @ v`` one of one param, the direct node
+    kernel's ``[P_1 | P_2] @ concat(a, b)`` (`passes.direct`) one of several; two such sums over the
+    same vectors share one operand and so one weight ``[[P_1 | P_2]; [Q_1 | Q_2]]``."""
 
     name: str
     params: tuple[str, ...]
     m: int
     k: int
-    transposed: tuple[bool, ...] = ()  # per param: pack its transpose (backward products W^T @ g)
-    columns: bool = False  # [P_1 | P_2 | ...]: the direct node kernel's product (`passes.direct`)
+    transposed: tuple[bool, ...]  # per param: pack its transpose (backward products W^T @ g)
+    blocks: tuple[int, ...]  # per block row: how many params side by side (they sum to len(params))
+
+    def block_rows(self) -> list[list[tuple[str, bool]]]:
+        """The (param, transposed) pairs of each block row, left to right."""
+        rows, start = [], 0
+        for count in self.blocks:
+            rows.append(list(zip(self.params[start : start + count], self.transposed[start : start + count])))
+            start += count
+        return rows
 
 
 @dataclass(frozen=True)

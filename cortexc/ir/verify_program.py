@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from cortexc.ir.cell import ParamDecl
 from cortexc.ir.ops import Op
 from cortexc.ir.program import (
     AccumOuter,
@@ -24,6 +25,7 @@ from cortexc.ir.program import (
     Kernel,
     KernelRole,
     Loop,
+    PackedWeight,
     PlaceKind,
     Program,
     Reduce,
@@ -51,6 +53,20 @@ def verify_program(program: Program, stage: str = "") -> Program:
     return program
 
 
+def _expect_blocks(weight: PackedWeight, params: dict[str, ParamDecl]) -> None:
+    """A packed weight's block rows are params of one row count side by side, [m, k] all together."""
+    total = 0
+    for row in weight.block_rows():
+        shapes = [tuple(reversed(params[p].shape)) if flip else params[p].shape for p, flip in row]
+        rows = {s[0] if len(s) == 2 else -1 for s in shapes}
+        _expect(
+            len(rows) == 1 and min(rows) > 0 and sum(s[1] for s in shapes) == weight.k,
+            f"packed {weight.name}: a block row of {[p for p, _ in row]} is not [rows, {weight.k}]",
+        )
+        total += min(rows)
+    _expect(total == weight.m, f"packed {weight.name}: its block rows have {total} rows, not {weight.m}")
+
+
 def _expect(condition: bool, message: str) -> None:
     if not condition:
         raise ProgramVerifyError(message)
@@ -66,14 +82,12 @@ def _verify(program: Program) -> None:
     for weight in program.packed:
         _expect(all(p in params for p in weight.params), f"packed {weight.name} names an unknown param")
         _expect(weight.m > 0 and weight.k > 0, f"packed {weight.name} is empty")
-        if weight.columns and all(p in params for p in weight.params):
-            shapes = [params[p].shape for p in weight.params]
-            _expect(
-                not any(weight.transposed)
-                and all(len(s) == 2 and s[0] == weight.m for s in shapes)
-                and sum(s[1] for s in shapes) == weight.k,
-                f"packed {weight.name}: its params side by side are not [{weight.m}, {weight.k}]",
-            )
+        _expect(
+            len(weight.transposed) == len(weight.params) == sum(weight.blocks) and min(weight.blocks, default=0) > 0,
+            f"packed {weight.name}: its blocks {weight.blocks} do not lay out its {len(weight.params)} params",
+        )
+        if all(p in params for p in weight.params) and len(weight.transposed) == sum(weight.blocks):
+            _expect_blocks(weight, params)
     accumulated = {name: floats for name, _, floats in program.accumulators}
     offset = 0
     for name, start, floats in program.accumulators:

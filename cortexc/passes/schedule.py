@@ -195,35 +195,30 @@ def stacked_left(body: Body, value: Value) -> tuple[str, ...] | None:
 
 
 def packed_key(weight: PackedWeight) -> tuple:
-    """What identifies a packed weight among a program's: its params, stacked how (and which transposed)."""
-    if weight.columns:
-        return ("columns", *weight.params)
-    return tuple(zip(weight.params, weight.transposed))
+    """What identifies a packed weight among a program's: its params, laid out how (and which transposed)."""
+    return (tuple(zip(weight.params, weight.transposed)), weight.blocks)
 
 
-def _gemm_left_of(body: Body, value: Value) -> tuple[str, bool]:
-    """`_gemm_left` of a matmul already grouped as a GEMM (it has a param on the left)."""
+def _block_row(body: Body, value: Value) -> list[tuple[str, bool]]:
+    """The block row a grouped product adds to its GEMM's packed weight: (param, transposed) side by side,
+    one pair for ``P @ v`` or ``P^T @ v``, several for params side by side (`stacked_left`)."""
+    stacked = stacked_left(body, value)
+    if stacked is not None:
+        return [(name, False) for name in stacked]
     left = _gemm_left(body, value)
     if left is None:  # pragma: no cover - only grouped matmuls are asked
         raise ValueError("not a param @ vector product")
-    return left
+    return [left]
 
 
 def _gemm_groups(body: Body) -> dict[int, list[int]]:
-    """Matmuls `param matrix @ per-row vector`, grouped by their right operand."""
+    """Matmuls `param matrix @ per-row vector` (or params side by side @ it), grouped by their right
+    operand: one GEMM each, whatever mix of block rows its products are (equal operands are one value:
+    `BodyBuilder` shares them)."""
     groups: dict[int, list[int]] = defaultdict(list)
-    stacked: set[int] = set()
     for index, value in enumerate(body.values):
-        if value.op != Op.MATMUL:
-            continue
-        if stacked_left(body, value) is not None:
-            stacked.add(value.args[1])
-        elif _gemm_left(body, value) is None:
-            continue
-        groups[value.args[1]].append(index)
-    for operand in stacked:
-        if len(groups[operand]) != 1:  # pragma: no cover - passes.direct makes each operand for its product
-            raise ValueError(f"the operand %{operand} of a product of stacked params has other products")
+        if value.op == Op.MATMUL and (stacked_left(body, value) is not None or _gemm_left(body, value) is not None):
+            groups[value.args[1]].append(index)
     return dict(groups)
 
 
@@ -386,13 +381,16 @@ def _kernel(
                 total = sum(values[m].shape[0] for m in members)
                 group_buffer[operand] = new_buffer(value, total, "g")
                 k = values[operand].shape[0]
-                columns = stacked_left(body, values[members[0]])
-                if columns is not None:  # one product of params side by side
-                    candidate = PackedWeight(f"w{len(packed)}", columns, total, k, (False,) * len(columns), True)
-                else:
-                    lefts = tuple(_gemm_left_of(body, values[m]) for m in members)
-                    params, flips = tuple(p for p, _ in lefts), tuple(t for _, t in lefts)
-                    candidate = PackedWeight(f"w{len(packed)}", params, total, k, flips)
+                block_rows = [_block_row(body, values[m]) for m in members]
+                pairs = [pair for row in block_rows for pair in row]
+                candidate = PackedWeight(
+                    f"w{len(packed)}",
+                    tuple(p for p, _ in pairs),
+                    total,
+                    k,
+                    tuple(t for _, t in pairs),
+                    tuple(len(row) for row in block_rows),
+                )
                 weight = packed.setdefault(packed_key(candidate), candidate)
                 steps.append(
                     Gemm(group_buffer[operand], operand, weight.name, weight.params, row_kind(value), k, total)

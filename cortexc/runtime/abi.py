@@ -147,8 +147,8 @@ def aligned_empty(shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.n
 def packed_weights(
     lib: ctypes.CDLL, spec: Mapping[str, Any], params: Mapping[str, np.ndarray], target: str
 ) -> list[np.ndarray]:
-    """Every GEMM weight the program names: its params stacked by rows (transposed where the backward
-    multiplies by W^T), or side by side (`columns`: the direct node kernel's), and packed into panels by the
+    """Every GEMM weight the program names: its block rows (`PackedWeight.blocks`: params side by side, each
+    transposed where the backward multiplies by W^T) stacked by rows, and packed into panels by the
     library's own `cx_pack_weight`, on the host. The one packing routine: the CPU executor keeps the result,
     the device executor uploads it. `target`: whose library (`spec["packed"]` lists each target's)."""
     lib.cx_packed_floats.argtypes = [ctypes.c_int, ctypes.c_int]
@@ -157,9 +157,10 @@ def packed_weights(
     lib.cx_pack_weight.restype = None
     packed_all = []
     for weight in spec["packed"][target]:
-        transposed = weight.get("transposed") or [False] * len(weight["params"])
-        parts = [params[p].T if t else params[p] for p, t in zip(weight["params"], transposed)]
-        stacked = np.ascontiguousarray(np.concatenate(parts, axis=1 if weight.get("columns") else 0), dtype=np.float32)
+        parts = [params[p].T if t else params[p] for p, t in zip(weight["params"], weight["transposed"])]
+        starts = np.cumsum([0, *weight["blocks"]])
+        block_rows = [np.concatenate(parts[a:b], axis=1) for a, b in zip(starts[:-1], starts[1:])]
+        stacked = np.ascontiguousarray(np.concatenate(block_rows, axis=0), dtype=np.float32)
         packed = aligned_empty(int(lib.cx_packed_floats(weight["m"], weight["k"])))
         lib.cx_pack_weight(stacked.ctypes.data, weight["m"], weight["k"], packed.ctypes.data)
         packed_all.append(packed)

@@ -2,7 +2,7 @@
  * cuda_prelude.cuh -- nvcc's side of the few macros the emulated CUDA uses (CX_LAUNCH(_STREAM), CX_SHARED,
  * cx_grid_sync, ...). The emulator (cuda_emu.h, for g++) defines CX_EMULATE and its own side of them, so
  * this header is empty there; under nvcc it maps them onto CUDA. Every generated .cu and every test
- * kernel in tests/cuda_emu/ includes this one file (compile with -I pointing at cortexc/runtime).
+ * kernel in tests/cuda_emu/ includes this one file (-I cortexc/runtime); a generated .cu carries it inline.
  * Idempotent: several .cu files may be #included into one translation unit.
  */
 #if !defined(CX_EMULATE) && !defined(CX_NVCC_PRELUDE)

@@ -32,13 +32,13 @@ from cortexc.runtime.linearize import linearize
 from cortexc.runtime.params import check_params, init_params, take_over, write_params_file
 from cortexc.runtime.philox import EVAL, SEED_LIMIT, Dropout, checked_seed
 from cortexc.runtime.signature import CellSignature
-from cortexc.runtime.validate import check_forest, check_inputs
+from cortexc.runtime.validate import check_forest, check_inputs, checked_flag
 
 if TYPE_CHECKING:
     from cortexc.ir.cell import Cell
 
 #: the `cell.json` format this runtime reads (the compiler's `cortexc.codegen.module.FORMAT_VERSION`)
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 
 #: every device name (the backend table's); "cuda-emu" runs the CUDA code on the CPU (for tests: slow)
 DEVICES = tuple(BACKENDS)
@@ -115,7 +115,7 @@ class CellModel:
         self.device = device
         self._params = _frozen(init_params(self.signature, seed))
         self._executor: Executor | None = None
-        self._fold = bool(fold)
+        self._fold = checked_flag(fold, "fold")
         # the dropout seeds of training-mode calls without one: the model's own stream (apart from the params')
         self._dropout_rng = np.random.default_rng(None if seed is None else (int(seed), 0x64726F70))
 
@@ -146,7 +146,7 @@ class CellModel:
 
     @fold.setter
     def fold(self, value: bool) -> None:
-        self._fold = bool(value)
+        self._fold = checked_flag(value, "fold")
         if self._executor is not None and hasattr(self._executor, "folding"):
             setattr(self._executor, "folding", self._fold)  # noqa: B010 - not in the Executor protocol
 
@@ -173,6 +173,7 @@ class CellModel:
         ``GPUArray``s, no copy back) for callers that go on there; every other
         device computes in host memory and returns NumPy arrays either way.
         """
+        grad, host = checked_flag(grad, "grad"), checked_flag(host, "host")
         dropout = self._dropout_mode(train, dropout_seed)
         check_forest(self.signature, forest)
         checked = check_inputs(self.signature, forest, inputs)
@@ -187,9 +188,7 @@ class CellModel:
 
     def _dropout_mode(self, train: object, seed: object) -> Dropout:
         """The call's dropout mode: an explicit seed is checked (and does not advance the generator)."""
-        if not isinstance(train, bool | np.bool_):
-            raise InputError(f"train must be True or False, got {type(train).__name__} {train!r}")
-        if not train:
+        if not checked_flag(train, "train"):
             return EVAL
         if seed is None:
             return Dropout(True, int(self._dropout_rng.integers(0, SEED_LIMIT, dtype=np.uint64)))
@@ -204,6 +203,7 @@ class CellModel:
         inputs given to the call) afterwards does not change the gradients: the executors keep copies.
         With ``sparse=True`` the gradient of a param used only as an embedding table is a `SparseRows`
         of the looked-up rows (the `cortexc.train` optimizers then update only those rows)."""
+        sparse = checked_flag(sparse, "sparse")
         saved = getattr(out, "saved", None)
         if saved is None:
             raise CortexcError("backward needs the result of model(forest, grad=True, ...)")

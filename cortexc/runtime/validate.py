@@ -28,6 +28,14 @@ def signature(cell: CellSignature | Cell) -> CellSignature:
     return cell_signature(cell)
 
 
+def checked_flag(value: object, name: str) -> bool:
+    """A flag argument (`grad`, `train`, `host`, `sparse`, `fold`) as a bool, else an `InputError`: a string
+    such as ``"no"`` is truthy in Python and would silently turn the flag on."""
+    if not isinstance(value, bool | np.bool_):
+        raise InputError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
 def as_array(value: object, what: str) -> np.ndarray:
     """`value` as a NumPy array, or an `InputError` naming `what`: a torch tensor that requires grad
     (torch refuses to give its memory to NumPy) and objects NumPy cannot read get one too."""
