@@ -408,7 +408,7 @@ def fold_report(model: Any, repeats: int) -> dict[str, Any]:
     executor = model._executor
     tables = executor.folded_tables(executor._weights) if executor is not None else None
     if not tables:
-        return {"used": False, "folds": model._spec.get("folds", [])}
+        return {"used": False, "folds": [f.to_json() for f in model._spec.target("c").folds]}
     rebuilds = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -416,7 +416,7 @@ def fold_report(model: Any, repeats: int) -> dict[str, Any]:
         rebuilds.append(time.perf_counter() - start)
     return {
         "used": True,
-        "folds": model._spec["folds"],
+        "folds": [f.to_json() for f in model._spec.target("c").folds],
         "table_mb": sum(t.nbytes for t in tables if t is not None) / 2**20,
         "build_ms_median": 1e3 * statistics.median(rebuilds),
     }

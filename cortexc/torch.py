@@ -135,7 +135,7 @@ class _Runner:
             from cortexc.runtime.cuda import CudaExecutor
 
             major, minor = torch.cuda.get_device_capability(device_index)
-            name = f"{cls._description['package']}_{cls.signature.name}"
+            name = f"{cls._description.package}_{cls.signature.name}"
             self.executor = CudaExecutor(cls._spec, cls._kernel_sources["cuda"], name, arch=(major, minor))
         else:
             executor = cls.make_executor(backend)
@@ -145,34 +145,32 @@ class _Runner:
         self.packed: DeviceParams | None = None  # a device runner's packed weights
         self.spec = cls._spec
         self.signature = cls.signature
-        abi = self.spec["abi"]
-        self.params: list[str] = list(abi["params"])
-        self.inputs: list[str] = list(abi["inputs"])
-        self.states: list[str] = list(abi["states"])
-        index = {i["name"] for i in self.spec["inputs"] if i["dtype"] == "int32"}
-        self.float_inputs = [position for position, name in enumerate(self.inputs) if name not in index]
-        ranges = {i["name"]: i["index_range"] for i in self.spec["inputs"] if i["dtype"] == "int32"}
+        abi = self.spec.abi
+        self.params: list[str] = list(abi.params)
+        self.inputs: list[str] = list(abi.inputs)
+        self.states: list[str] = list(abi.states)
+        ranges = {i.name: i.index_range for i in self.signature.inputs if i.index_range is not None}
+        self.float_inputs = [position for position, name in enumerate(self.inputs) if name not in ranges]
         self.index_ranges = {position: ranges[name] for position, name in enumerate(self.inputs) if name in ranges}
-        self.packed_positions = sorted(
-            {self.params.index(p) for weights in self.spec["packed"].values() for w in weights for p in w["params"]}
-        )
+        section = self.executor.section  # the packed weights, folds and saved arrays of the executor's target
+        self.packed_positions = sorted({self.params.index(p) for w in section.packed for p in w.params})
         self._packed_key: tuple[tuple[int, int], ...] | None = None
         # folded look-up projections (`cortexc.passes.fold`, the C target's): the params each fold reads (its
         # table and its packed weight's params), and the weights value the executor's tables are paired with
-        folds = self.spec.get("folds") or []
-        packed_params = {weight["name"]: weight["params"] for weight in self.spec["packed"].get("c", [])}
+        folds = section.folds if isinstance(self.executor, CpuExecutor) else ()
+        packed_params = {weight.name: weight.params for weight in section.packed}
         self.fold_positions = sorted(
-            {self.params.index(f["table"]) for f in folds}
-            | {self.params.index(p) for f in folds for p in packed_params[f["packed"]]}
+            {self.params.index(f.table) for f in folds}
+            | {self.params.index(p) for f in folds for p in packed_params[f.packed]}
         )
         self._fold_key: tuple[tuple[int, int], ...] | None = None
         self._fold_weights: tuple[list[np.ndarray], list[np.ndarray]] | None = None
-        self.dropout_sites = int(self.spec.get("dropout_sites", 0))  # 0: training mode changes nothing
+        self.state_shapes = [state.shape for state in self.signature.states]
+        self.dropout_sites = self.spec.dropout_sites  # 0: training mode changes nothing
         # what a training forward keeps for its backward (`passes.saving`: the C program's; device runners
         # run their own target's kernels, which save nothing)
         cpu = isinstance(self.executor, CpuExecutor)
-        saved = self.spec.get("saved", []) if cpu else []
-        self.saved_rows = [(int(v["width"]), v["rows"] == "internal") for v in saved]
+        self.saved_rows = [(v.width, v.internal) for v in section.saved] if cpu else []
         self.repacks = 0  # how often the weights were packed (tests: only when a param changed)
 
     def prepare(self, params: Sequence[Tensor], stream: int = 0) -> None:
@@ -371,13 +369,13 @@ def _forward_shapes(
     def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
         return torch.zeros(shape, dtype=dtype, device=device)
 
-    states = [(empty if fake else zeros)((n + 1, *s), dtype=torch.float32) for s in runner.spec["state_shapes"]]
-    hoisted = [empty((i, width), dtype=torch.float32) for width in runner.spec["hoisted_widths"]]
+    states = [(empty if fake else zeros)((n + 1, *s), dtype=torch.float32) for s in runner.state_shapes]
+    hoisted = [empty((i, width), dtype=torch.float32) for width in runner.spec.hoisted_widths]
     saved = [  # every row written by the kernels (one per internal node or leaf), or none without `keep`
         empty(((i if internal_rows else n - i) if keep else 0, width), dtype=torch.float32)
         for width, internal_rows in runner.saved_rows
     ]
-    outputs = [empty(((r if o["at_root"] else n), *o["shape"]), dtype=torch.float32) for o in runner.spec["outputs"]]
+    outputs = [empty(((r if o.at_root else n), *o.shape), dtype=torch.float32) for o in runner.signature.outputs]
     return states + hoisted + saved + outputs
 
 
@@ -387,7 +385,7 @@ _Item = TypeVar("_Item")
 def _split(runner: _Runner, results: Sequence[_Item]) -> tuple[list[_Item], list[_Item], list[_Item], list[_Item]]:
     """The forward's results (or anything in their order: their upstream gradients, what autograd saved of
     them) as states, hoisted rows, saved activations and outputs."""
-    ns, nh, nv = len(runner.states), len(runner.spec["hoisted_widths"]), len(runner.saved_rows)
+    ns, nh, nv = len(runner.states), len(runner.spec.hoisted_widths), len(runner.saved_rows)
     kept = ns + nh + nv
     return list(results[:ns]), list(results[ns : ns + nh]), list(results[ns + nh : kept]), list(results[kept:])
 
@@ -527,7 +525,7 @@ def _device_backward(
         "inputs": _addresses(kept[1]),
         "states": _addresses(kept[2]),
         "hoisted": _addresses(kept[3]),
-        "outputs": [0] * len(runner.spec["abi"]["outputs"]),
+        "outputs": [0] * len(runner.spec.abi.outputs),
     }
     grads = {
         "d_params": _addresses(d_params),
@@ -768,7 +766,7 @@ class CellModule(nn.Module):
         n = batch.level_order.shape[0]
         out = {name: state[:n] for name, state in zip(runner.states, results)}
         outputs = _split(_runner(handle), results)[3]  # the handle's runner: its backend decides what is saved
-        out.update(zip(runner.spec["abi"]["outputs"], outputs))
+        out.update(zip(runner.spec.abi.outputs, outputs))
         return out
 
     def _sparse_sync_group(self) -> Any:

@@ -19,6 +19,7 @@ from cortexc.passes.schedule import schedule
 from cortexc.pipeline import compile_file
 from cortexc.runtime import abi
 from cortexc.runtime.abi import LaunchMode, LaunchOptions
+from cortexc.runtime.package import PackageSpec
 from tests.helpers import EXAMPLES, REPO
 
 STRUCTS = {"cx_call": abi.CxCall, "cx_grad": abi.CxGrad, "cx_launch": abi.CxLaunch}
@@ -151,7 +152,7 @@ def test_a_package_compiled_with_launch_options_launches_by_them(rng, tmp_path, 
     )
     module = import_package(write_package(path.read_text(), str(path), tmp_path / "pkg", options))
     cls = getattr(module, module.__all__[0])
-    assert cls._spec["launch"]["mode"] == "levels"
+    assert cls._spec.launch.mode == LaunchMode.LEVELS
     forest = Forest.random(3, rng=rng, binary=True, min_nodes=5, max_nodes=9)  # 3 levels at least
     reference = cls(device="interp", seed=1)
     inputs = random_inputs(cls.signature, forest, rng)
@@ -176,3 +177,5 @@ def test_cortexc_compile_writes_the_launch_options_it_is_given(tmp_path):
     assert main([*argv, "--cuda-blocks", "8", "--cuda-weights", "global"]) == 0
     spec = json.loads((out / "treernn" / "cell.json").read_text())["cells"][0]
     assert spec["launch"] == {"mode": "persistent", "max_blocks": 8, "weights_global": True}
+    (cell,) = PackageSpec.from_json(json.loads((out / "treernn" / "cell.json").read_text())).cells
+    assert cell.launch == LaunchOptions(LaunchMode.PERSISTENT, 8, True)

@@ -6,8 +6,7 @@ dense gradient's rows bit for bit, on random forests and SST trees."""
 
 from __future__ import annotations
 
-import copy
-import json
+import dataclasses
 import threading
 
 import numpy as np
@@ -16,6 +15,10 @@ import pytest
 import cortexc
 import cortexc.runtime.cpu as cpu
 from cortexc import Forest
+from cortexc.codegen.module import hoisted_gradients_set
+from cortexc.ir.program import KernelRole, Store, StoreMode, StoreTarget
+from cortexc.options import CompileOptions
+from cortexc.pipeline import Source, run_stages
 from cortexc.runtime.model import SparseRows
 from tests.helpers import (
     EXAMPLES,
@@ -102,19 +105,34 @@ def test_recycled_backward_memory_gives_a_fresh_models_gradients(key, modules, r
 
 
 def test_hoisted_gradients_are_zeroed_only_where_no_kernel_sets_them(modules):
-    """The rule that lets the backward skip zeroing a hoisted gradient reads the schedule in `cell.json`:
-    the examples' node gradient kernels SET every hoisted gradient; a schedule without that store (a
-    hoisted value with no gradient) means zeros."""
-    spec = _model(modules["lstm"])._executor_for_device().spec
-    assert cpu.hoisted_gradients_set(spec) == (True,)
-    edited = copy.deepcopy(spec)
-    for kernel in edited["schedule"]:
-        kernel["steps"] = [s for s in kernel["steps"] if s.get("target") != "d_hoisted"]
-    assert cpu.hoisted_gradients_set(edited) == (False,)
-    for kernel in edited["schedule"]:  # a store by some other kernel (not on every internal node) is no proof
-        if kernel["kernel"] == "grad_pre":
-            kernel["steps"].append({"step": "store", "target": "d_hoisted", "name": "pre0", "mode": "set"})
-    assert cpu.hoisted_gradients_set(json.loads(json.dumps(edited))) == (False,)
+    """The rule that lets the backward skip zeroing a hoisted gradient is the compiler's, written into the
+    target's section of `cell.json`: the examples' node gradient kernels SET every hoisted gradient; a
+    program without that store (a hoisted value with no gradient) means zeros, and a store by some other
+    kernel (not on every internal node) is no proof."""
+    assert _model(modules["lstm"])._executor_for_device().section.hoisted_gradients_set == (True,)
+    program = _c_program(EXAMPLES / "lstm.cell")
+    assert hoisted_gradients_set(program) == (True,)
+
+    def edited(keep, extra=()):
+        kernels = []
+        for kernel in program.kernels:
+            steps = tuple(s for s in kernel.steps if keep(kernel, s))
+            steps += tuple(extra) if kernel.role == KernelRole.GRAD_PRE else ()
+            kernels.append(dataclasses.replace(kernel, steps=steps))
+        return dataclasses.replace(program, kernels=tuple(kernels))
+
+    def not_hoisted(kernel, step):
+        return not (isinstance(step, Store) and step.target == StoreTarget.D_HOISTED)
+
+    assert hoisted_gradients_set(edited(not_hoisted)) == (False,)
+    elsewhere = Store(0, StoreTarget.D_HOISTED, "pre0", 1, mode=StoreMode.SET)
+    assert hoisted_gradients_set(edited(not_hoisted, [elsewhere])) == (False,)
+
+
+def _c_program(path):
+    options = CompileOptions.make(targets=("c",))
+    ((variant,),) = run_stages(Source(path.read_text(encoding="utf-8"), str(path)), options, until="target")
+    return variant.program
 
 
 # ----------------------------------------------------------------------------- sparse embedding gradients

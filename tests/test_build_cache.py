@@ -25,6 +25,7 @@ import cortexc
 from cortexc import Forest
 from cortexc.cli import main
 from cortexc.runtime import build, reference
+from cortexc.runtime.package import PackageSpec
 from tests.helpers import EXAMPLES, REPO, random_inputs
 
 TINY = """\
@@ -408,27 +409,32 @@ def test_compile_writes_the_package(compiled_treelstm):
         "ChildSumTreeLSTM.cu",
         "cell.json",
     }
-    description = json.loads((package / "cell.json").read_text(encoding="utf-8"))
-    assert description["package"] == "treelstm"
-    (cell,) = description["cells"]
-    assert cell["name"] == "ChildSumTreeLSTM" and cell["structure"] == "tree"
-    assert cell["dims"] == {"X": 300, "H": 150}
-    assert {p["name"]: p["shape"] for p in cell["params"]} == {
-        "W_iou": [450, 300],
-        "U_iou": [450, 150],
-        "b_iou": [450],
-        "W_f": [150, 300],
-        "U_f": [150, 150],
-        "b_f": [150],
+    description = PackageSpec.from_json(json.loads((package / "cell.json").read_text(encoding="utf-8")))
+    assert description.package == "treelstm"
+    (cell,) = description.cells
+    signature = cell.signature
+    assert signature.name == "ChildSumTreeLSTM" and signature.structure.kind == "tree"
+    assert dict(signature.dims) == {"X": 300, "H": 150}
+    assert {p.name: p.shape for p in signature.params} == {
+        "W_iou": (450, 300),
+        "U_iou": (450, 150),
+        "b_iou": (450,),
+        "W_f": (150, 300),
+        "U_f": (150, 150),
+        "b_f": (150,),
     }
-    assert cell["inputs"] == [{"name": "x", "shape": [300], "dtype": "float32", "index_range": None}]
-    assert [s["name"] for s in cell["states"]] == ["h", "c"]
-    assert cell["outputs"] == []
-    kernels = [k["kernel"] for k in cell["schedule"]]
-    assert "leaf" in kernels and "node" in kernels and all(k["steps"] for k in cell["schedule"])
-    assert cell["kernels"] == {"c": "ChildSumTreeLSTM.c", "cuda": "ChildSumTreeLSTM.cu"}
-    for file_name in cell["kernels"].values():
-        source = (package / file_name).read_text(encoding="utf-8")
+    assert [(i.name, i.shape, i.index_range) for i in signature.inputs] == [("x", (300,), None)]
+    assert [s.name for s in signature.states] == ["h", "c"]
+    assert signature.outputs == ()
+    for section in cell.targets.values():
+        kernels = [k["kernel"] for k in section.schedule]
+        assert "leaf" in kernels and "node" in kernels and all(k["steps"] for k in section.schedule)
+    assert {t: s.kernel_file for t, s in cell.targets.items()} == {
+        "c": "ChildSumTreeLSTM.c",
+        "cuda": "ChildSumTreeLSTM.cu",
+    }
+    for section in cell.targets.values():
+        source = (package / section.kernel_file).read_text(encoding="utf-8")
         assert "cx_forward" in source and "treelstm.cell" in source
 
 
@@ -445,9 +451,9 @@ def test_compile_with_defines_and_two_cells(tmp_path):
     assert main(["compile", str(path), "-o", str(tmp_path / "out"), "-D", "H=5", "--target", "cpu"]) == 0
     package = tmp_path / "out" / "pair"
     assert {p.name for p in package.iterdir()} == {"__init__.py", "Tiny.c", "Tiny2.c", "cell.json"}
-    description = json.loads((package / "cell.json").read_text(encoding="utf-8"))
-    assert [c["dims"]["H"] for c in description["cells"]] == [5, 5]
-    assert description["defines"] == {"H": 5}
+    description = PackageSpec.from_json(json.loads((package / "cell.json").read_text(encoding="utf-8")))
+    assert [dict(c.signature.dims)["H"] for c in description.cells] == [5, 5]
+    assert description.defines == {"H": 5}
 
 
 def test_dump_ir_writes_the_stages(compiled_treelstm):

@@ -224,7 +224,7 @@ def test_run_matches_python_on_wide_chains(exported, rng):
     exp = exported("lstm")
     lengths = rng.integers(20, 30, 8)
     forest = Forest.concat([Forest.from_parents([i + 1 if i < n - 1 else -1 for i in range(n)]) for n in lengths])
-    assert any(max(w["blocks"]) > 1 for w in exp.cls._spec["packed"]["c"])
+    assert any(max(w.blocks) > 1 for w in exp.cls._spec.target("c").packed)
     _compare(exp, forest, random_inputs(exp.cls.signature, forest, rng))
 
 
@@ -235,7 +235,7 @@ def test_run_matches_python_with_block_weights(stem, tmp_path, rng):
     path = tmp_path / f"{stem}.cell"
     path.write_text(GATE_CELLS[stem], encoding="utf-8")
     exp = Exported(tmp_path, stem, {}, path=path)
-    assert any(len(w["blocks"]) > 1 and max(w["blocks"]) > 1 for w in exp.cls._spec["packed"]["c"])
+    assert any(len(w.blocks) > 1 and max(w.blocks) > 1 for w in exp.cls._spec.target("c").packed)
     forest = gate_forest(GATE_CELLS[stem], rng)
     _compare(exp, forest, random_inputs(exp.cls.signature, forest, rng))
 

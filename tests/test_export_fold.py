@@ -78,8 +78,8 @@ def _fold_bytes(exp: Exported) -> list[int]:
     """Each fold's table bytes, as cell.json lists them."""
     model = exp.cls(device="cpu")
     model.load_params(exp.params)
-    spec = model._executor_for_device().spec
-    return [4 * f["rows"] * f["m"] for f in spec["folds"]]
+    section = model._executor_for_device().section
+    return [4 * f.rows * f.m for f in section.folds]
 
 
 @pytest.fixture(scope="module")

@@ -76,7 +76,7 @@ def test_folded_forward_is_bitwise_the_unfolded_one(cell_class, rng):
         _assert_same_bits(folded(forest, word=words), plain(forest, word=words))
     executor = folded._executor
     assert executor.fold_builds == 1, "the tables are built once per params"
-    assert len(cell_class._spec["folds"]) == (1 if cell_class.__name__ == "BinaryTreeLSTM" else 2)
+    assert len(cell_class._spec.target("c").folds) == (1 if cell_class.__name__ == "BinaryTreeLSTM" else 2)
     assert plain._executor.fold_builds == 0
 
 
@@ -149,7 +149,7 @@ def test_off_switches_and_the_memory_cap(monkeypatch, tmp_path_factory, rng):
     forest, words = _forest(cls, rng)
     folded(forest, word=words)  # builds the executor
     executor = folded._executor
-    sizes = [f["rows"] * f["m"] * 4 for f in cls._spec["folds"]]
+    sizes = [f.rows * f.m * 4 for f in cls._spec.target("c").folds]
     tables = executor.folded_tables(executor._weights)
     assert tables is not None and [t.nbytes for t in tables] == sizes
 

@@ -6,6 +6,7 @@ any thread count, and match the interpreter; a window smaller than a level is re
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -69,10 +70,10 @@ def _digest(result: dict[str, np.ndarray]) -> str:
 def test_the_package_asks_for_a_window_of_the_target_s_bytes(key, modules):
     """The window's rows follow from the C target's budget and the hoisted widths; CUDA hoists every row."""
     model = getattr(modules[key], modules[key].__all__[0])(device="cpu")
-    spec = _executor(model).spec
-    floats = sum(spec["hoisted_widths"])
+    executor = _executor(model)
+    floats = sum(executor.spec.hoisted_widths)
     assert floats > 0
-    assert spec["hoisted_window_rows"] == TARGETS["c"].hoist_window_bytes // (4 * floats) > 0
+    assert executor.section.hoisted_window_rows == TARGETS["c"].hoist_window_bytes // (4 * floats) > 0
     assert TARGETS["cuda"].hoist_window_bytes == 0
 
 
@@ -90,14 +91,14 @@ def test_any_window_gives_the_results_of_hoisting_every_row(key, window, modules
     inputs = random_inputs(model.cell, forest, rng)
     executor = _executor(model)
     if window is not None:
-        monkeypatch.setitem(executor.spec, "hoisted_window_rows", window)
+        monkeypatch.setattr(executor, "section", dataclasses.replace(executor.section, hoisted_window_rows=window))
     lin = linearize(forest)
     rows = executor.hoisted_window_rows(lin)
     internal = lin.num_nodes - lin.num_leaves
     assert lin.widest_internal_level <= rows < internal  # windowed: fewer rows than internal nodes
     windowed = model(forest, **inputs)
     kept = model(forest, grad=True, **inputs)
-    monkeypatch.setitem(executor.spec, "hoisted_window_rows", 0)
+    monkeypatch.setattr(executor, "section", dataclasses.replace(executor.section, hoisted_window_rows=0))
     assert executor.hoisted_window_rows(lin) == internal
     whole = model(forest, **inputs)
     assert _digest(windowed) == _digest(whole)
@@ -116,12 +117,12 @@ def test_a_training_forward_windows_where_its_backward_reads_no_hoisted_row(key,
     results and the gradients are bitwise those of hoisting every row, and match the interpreter."""
     model, reference = twin_models(modules[key], "cpu", int(rng.integers(0, 2**31)), rng)
     executor = _executor(model)
-    assert executor.spec["training_window"] == (key == "lstm")
+    assert executor.section.training_window == (key == "lstm")
     forest = _mixed_forest(key, rng)
     if window is None:
         forest = Forest.concat([forest] + [_chain(500)] * 10)
     else:
-        monkeypatch.setitem(executor.spec, "hoisted_window_rows", window)
+        monkeypatch.setattr(executor, "section", dataclasses.replace(executor.section, hoisted_window_rows=window))
     lin = linearize(forest)
     internal = lin.num_nodes - lin.num_leaves
     assert executor.hoisted_window_rows(lin) < internal
@@ -131,9 +132,11 @@ def test_a_training_forward_windows_where_its_backward_reads_no_hoisted_row(key,
     assert [h.shape[0] for h in kept.hoisted] == ([] if key == "lstm" else [internal] * 2)
     upstream = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in out.items()}
     grads = model.backward(out, upstream)
-    monkeypatch.setitem(executor.spec, "training_window", False)  # every row hoisted and kept
+    monkeypatch.setattr(
+        executor, "section", dataclasses.replace(executor.section, training_window=False)
+    )  # every row hoisted and kept
     whole = model(forest, grad=True, **inputs)
-    assert [h.shape[0] for h in whole.saved[3].hoisted] == [internal] * len(executor.spec["hoisted_widths"])
+    assert [h.shape[0] for h in whole.saved[3].hoisted] == [internal] * len(executor.spec.hoisted_widths)
     assert _digest(dict(out)) == _digest(dict(whole))
     assert _digest(grads) == _digest(model.backward(whole, upstream))
     expected = reference(forest, grad=True, **inputs)
@@ -147,7 +150,9 @@ def test_a_training_forward_windows_where_its_backward_reads_no_hoisted_row(key,
 def test_saturated_inputs_agree_with_the_interpreter_through_windows(modules, rng, monkeypatch):
     """Inputs of +-100 and inf saturate every gate; the windowed inference still matches the interpreter."""
     model, reference = twin_models(modules["lstm"], "cpu", 3, rng)
-    monkeypatch.setitem(_executor(model).spec, "hoisted_window_rows", 5)
+    monkeypatch.setattr(
+        _executor(model), "section", dataclasses.replace(_executor(model).section, hoisted_window_rows=5)
+    )
     forest = Forest.concat([_chain(50)] + [_chain(int(n)) for n in rng.integers(2, 9, 40)])
     x = rng.choice(np.array([-100.0, 100.0, np.inf, -np.inf, 0.5], np.float32), (forest.num_nodes, 7))
     got, expected = model(forest, x=x), reference(forest, x=x)
@@ -173,7 +178,7 @@ def test_a_window_smaller_than_a_level_is_refused(modules, rng, monkeypatch):
 
 #: run in a fresh process: the windowed inference of a chain forest at this OMP_NUM_THREADS; prints a digest
 WORKER = r"""
-import hashlib, sys
+import dataclasses, hashlib, sys
 from pathlib import Path
 import numpy as np
 from cortexc import Forest
@@ -181,7 +186,8 @@ from cortexc.runtime.loader import import_package
 
 module = import_package(Path(sys.argv[1]))
 model = getattr(module, module.__all__[0])(device="cpu", seed=int(sys.argv[2]))
-model._executor_for_device().spec["hoisted_window_rows"] = int(sys.argv[3])
+executor = model._executor_for_device()
+executor.section = dataclasses.replace(executor.section, hoisted_window_rows=int(sys.argv[3]))
 model._executor_for_device().direct = 1  # the hoisted node kernel (the direct one has no window)
 rng = np.random.default_rng(int(sys.argv[2]))
 chain = lambda n: Forest.from_parents([i + 1 if i < n - 1 else -1 for i in range(n)])

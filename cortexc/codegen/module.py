@@ -1,9 +1,10 @@
 """The generated package: `__init__.py` (from a template), kernel sources and `cell.json`.
 
-`cell.json` describes every cell: its runtime signature (dims, params and
-inits, inputs, states, outputs, structure), the kernel ABI (the pointer
-layout the runtime must pass), the schedule and the kernels' hashes. That is
-all the runtime reads: importing a package loads no compiler module. It also
+`cell.json` (`cortexc.runtime.package`, the one typed format) describes every
+cell: its runtime signature, the kernel ABI (the pointer layout the runtime
+must pass) and per target its kernel file and hash, packed weights, deferred
+terms, folds, saved arrays and schedule. That is all the runtime reads:
+importing a package loads no compiler module. It also
 carries the `.cell` source and `-D` values, which only `device="interp"`
 compiles again, to run the reference interpreter on the IR. Files are
 written to a temporary directory and moved into place only when all of them
@@ -26,19 +27,28 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cortexc import __version__
-from cortexc.codegen.render import abi, environment, hoist_window
-from cortexc.codegen.target import TARGETS
+from cortexc.codegen.render import environment, hoist_window
+from cortexc.codegen.target import TARGETS, Target
 from cortexc.errors import OutputError
 from cortexc.ir.cell import Cell
 from cortexc.ir.ops import Op
-from cortexc.ir.program import Program, hoisted_widths
+from cortexc.ir.program import KernelRole, Program, Rows, Store, StoreMode, StoreTarget, hoisted_widths
 from cortexc.ir.signature import cell_signature
 from cortexc.options import CompileOptions
+from cortexc.runtime.abi import LaunchOptions
+from cortexc.runtime.package import (
+    AbiSpec,
+    CellSpec,
+    DeferredSpec,
+    FoldSpec,
+    PackageSpec,
+    PackedSpec,
+    SavedSpec,
+    TargetSpec,
+)
 
 if TYPE_CHECKING:
     from cortexc.pipeline import Rendered
-
-FORMAT_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -66,56 +76,40 @@ def _step_json(step: Any) -> dict[str, Any]:
     return {"step": type(step).__name__.lower(), **fields}
 
 
-def _deferred_json(program: Program) -> list[dict[str, Any]]:
-    """A program's deferred weight-gradient terms, as the runtime sizes their factor rows."""
-    return [
-        {"rows": t.rows.value, "m": t.m, "k": t.k, "param": t.param, "narrow": t.narrow} for t in program.deferred or ()
-    ]
+def hoisted_gradients_set(program: Program) -> tuple[bool, ...]:
+    """Per hoisted array (the ABI's order): whether the backward SETs every row of its gradient before
+    anything reads it, i.e. the node gradient kernel (run on every internal node, level by level) stores it
+    with mode SET (`_GRADIENT_STORES` in the scheduler). A hoisted value with no gradient there (used only
+    through non-differentiable ops) is stored by nobody, so the runtime zeroes its gradient rows first."""
+    pre = program.cell.pre
+    if pre is None:
+        return ()
+    stored = {
+        step.name
+        for kernel in program.kernels
+        if kernel.role == KernelRole.GRAD_NODE and kernel.rows == Rows.LEVEL
+        for step in kernel.steps
+        if isinstance(step, Store) and step.target == StoreTarget.D_HOISTED and step.mode == StoreMode.SET
+    }
+    return tuple(name in stored for name, _ in pre.named_results)
 
 
-def _packed_json(program: Program) -> list[dict[str, Any]]:
-    """A program's packed weights, in the order its kernels index `cx_call.packed`, as the runtime packs them."""
-    return [
-        {
-            "name": w.name,
-            "params": list(w.params),
-            "m": w.m,
-            "k": w.k,
-            "transposed": list(w.transposed),
-            "blocks": list(w.blocks),
-        }
-        for w in program.packed
-    ]
-
-
-def cell_spec(cell: Cell, program: Program, kernel_files: Mapping[str, str]) -> dict[str, Any]:
-    return {
-        "name": cell.name,
-        "signature": cell_signature(cell).to_json(),
-        "structure": cell.structure.value,
-        "arity": cell.arity,
-        "dims": dict(cell.dims),
-        "params": [{"name": p.name, "shape": list(p.shape), "init": str(p.init)} for p in cell.params],
-        "inputs": [
-            {
-                "name": i.name,
-                "shape": list(i.shape),
-                "dtype": "int32" if i.is_index else "float32",
-                "index_range": i.index_range,
-            }
-            for i in cell.inputs
-        ],
-        "states": [{"name": s.name, "shape": list(s.shape)} for s in cell.states],
-        "state_shapes": [list(s.shape) for s in cell.states],
-        "outputs": [{"name": o.name, "shape": list(o.shape), "at_root": o.at_root} for o in cell.outputs],
-        "hoisted_widths": hoisted_widths(cell),
-        "abi": abi(cell, program),
-        "kernels": dict(kernel_files),
-        "deferred": _deferred_json(program),  # the last target's (CUDA's when it is built): runtime/device.py
-        "dropout_sites": len(
-            {v.attr("site") for body in cell.bodies() for v in body.values if v.op == Op.DROPOUT}
-        ),  # 0: training mode changes nothing (cortexc.torch then draws no seed)
-        "schedule": [
+def target_spec(program: Program, target: Target, kernel_file: str, text: str) -> TargetSpec:
+    """What the executor of `target` needs to know of its program, beside its kernel file."""
+    window = hoist_window(program, target)
+    # a training forward may hoist by windows too where its backward reads no hoisted row (it then keeps none)
+    training = hoist_window(program, target, training=True) if window is not None else None
+    return TargetSpec(
+        kernel_file=kernel_file,
+        kernel_sha256=hashlib.sha256(text.encode()).hexdigest(),
+        packed=tuple(PackedSpec(w.name, w.params, w.m, w.k, w.transposed, w.blocks) for w in program.packed),
+        deferred=tuple(DeferredSpec(t.param, t.rows.value, t.m, t.k, t.narrow) for t in program.deferred or ()),
+        folds=tuple(FoldSpec(f.name, f.packed, f.table, f.rows, f.m, f.k) for f in program.folds),
+        saved=tuple(SavedSpec(v.name, v.width, v.internal) for v in program.saved),
+        hoisted_window_rows=window["rows"] if window is not None else 0,
+        training_window=training is not None,
+        hoisted_gradients_set=hoisted_gradients_set(program),
+        schedule=tuple(
             {
                 "kernel": k.name,
                 "rows": k.rows.value,
@@ -123,67 +117,58 @@ def cell_spec(cell: Cell, program: Program, kernel_files: Mapping[str, str]) -> 
                 "column_period": k.split.period if k.split is not None else None,
             }
             for k in program.kernels
-        ],
-    }
+        ),
+    )
+
+
+def cell_spec(cell: Cell, sections: Mapping[str, TargetSpec], launch: LaunchOptions) -> CellSpec:
+    """A cell's entry of `cell.json`: its signature, its kernel ABI and each target's section."""
+    return CellSpec(
+        signature=cell_signature(cell),
+        abi=AbiSpec(
+            params=tuple(p.name for p in cell.params),
+            inputs=tuple(i.name for i in cell.inputs),
+            states=tuple(s.name for s in cell.states),
+            hoisted=tuple(name for name, _ in cell.pre.named_results) if cell.pre is not None else (),
+            outputs=tuple(o.name for o in cell.outputs),
+        ),
+        hoisted_widths=tuple(hoisted_widths(cell)),
+        dropout_sites=len({v.attr("site") for body in cell.bodies() for v in body.values if v.op == Op.DROPOUT}),
+        launch=launch,
+        targets=dict(sections),
+    )
 
 
 def package_files(source: str, source_file: str, options: CompileOptions, rendered: Sequence[Rendered]) -> PackageFiles:
     """The files of the package of a compiled `.cell` file (nothing is written here)."""
     name = package_name(source_file)
     files: dict[str, str] = {}
-    specs = []
+    cells = []
     for item in rendered:
-        kernel_files, hashes = {}, {}
+        programs = {v.target: v.program for v in item.programs}
+        sections = {}
         for target_name, text in item.sources:
             kernel_file = f"{item.cell.name}{TARGETS[target_name].source_suffix}"
             files[kernel_file] = text
-            kernel_files[target_name] = kernel_file
-            hashes[target_name] = hashlib.sha256(text.encode()).hexdigest()
-        # the launch schedule is the same for every target but for the column split, which is the CUDA one's
-        program = item.programs[-1].program
-        spec = cell_spec(item.cell, program, kernel_files)
-        # the deferred weight gradients differ by target (C keeps small ones per tile): each kernel's own
-        spec["deferred_by_target"] = {v.target: _deferred_json(v.program) for v in item.programs}
-        # the packed weights differ by target too (C's direct node kernel has one of its own): each library's
-        spec["packed"] = {v.target: _packed_json(v.program) for v in item.programs}
-        spec["kernel_sha256"] = hashes
-        # the folded look-up projections of the C program (the one target that folds): what `cx_fold` builds
-        c_program = next((v.program for v in item.programs if v.target == "c"), None)
-        spec["folds"] = [
-            {"name": f.name, "packed": f.packed, "table": f.table, "rows": f.rows, "m": f.m, "k": f.k}
-            for f in (c_program.folds if c_program is not None else ())
-        ]
-        # what a training forward of the C program keeps for its backward (`passes.saving`): `cx_call.saved`
-        spec["saved"] = [
-            {"name": v.name, "width": v.width, "rows": "internal" if v.internal else "leaves"}
-            for v in (c_program.saved if c_program is not None else ())
-        ]
-        # an inference may hoist a window of levels at a time (the C driver): the rows the runtime gives it
-        window = hoist_window(c_program, TARGETS["c"]) if c_program is not None else None
-        spec["hoisted_window_rows"] = window["rows"] if window is not None else 0
-        # a training forward may too where its backward reads no hoisted row (it then keeps none for it)
-        training = hoist_window(c_program, TARGETS["c"], training=True) if c_program and window else None
-        spec["training_window"] = training is not None
-        spec["launch"] = options.launch.to_json()
-        specs.append(spec)
-    description = {
-        "format": FORMAT_VERSION,
-        "cortexc": __version__,
-        "package": name,
-        "source_file": str(source_file),
-        "source": source,
-        "defines": options.define_map,
-        "targets": list(options.targets),
-        "cells": specs,
-    }
-    files["cell.json"] = json.dumps(description, indent=1, sort_keys=False) + "\n"
+            sections[target_name] = target_spec(programs[target_name], TARGETS[target_name], kernel_file, text)
+        cells.append(cell_spec(item.cell, sections, options.launch))
+    description = PackageSpec(
+        cortexc=__version__,
+        package=name,
+        source_file=str(source_file),
+        source=source,
+        defines=options.define_map,
+        targets=tuple(options.targets),
+        cells=tuple(cells),
+    )
+    files["cell.json"] = json.dumps(description.to_json(), indent=1, sort_keys=False) + "\n"
     files["__init__.py"] = (
         environment()
         .get_template("module_init.py.j2")
         .render(
             source_file=source_file,
             cell_names=[item.cell.name for item in rendered],
-            kernel_files=[f for s in specs for f in s["kernels"].values()],
+            kernel_files=[section.kernel_file for cell in cells for section in cell.targets.values()],
         )
     )
     return PackageFiles(name, tuple(files.items()))

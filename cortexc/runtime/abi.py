@@ -12,13 +12,16 @@ import ctypes
 import enum
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from cortexc.errors import CortexcError
+
+if TYPE_CHECKING:
+    from cortexc.runtime.package import PackedSpec
 
 
 @dataclass(frozen=True)
@@ -145,25 +148,25 @@ def aligned_empty(shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.n
 
 
 def packed_weights(
-    lib: ctypes.CDLL, spec: Mapping[str, Any], params: Mapping[str, np.ndarray], target: str
+    lib: ctypes.CDLL, packed: Sequence[PackedSpec], params: Mapping[str, np.ndarray]
 ) -> list[np.ndarray]:
-    """Every GEMM weight the program names: its block rows (`PackedWeight.blocks`: params side by side, each
-    transposed where the backward multiplies by W^T) stacked by rows, and packed into panels by the
-    library's own `cx_pack_weight`, on the host. The one packing routine: the CPU executor keeps the result,
-    the device executor uploads it. `target`: whose library (`spec["packed"]` lists each target's)."""
+    """Every GEMM weight a target's program names (its section's `packed`): its block rows
+    (`PackedSpec.blocks`: params side by side, each transposed where the backward multiplies by W^T)
+    stacked by rows, and packed into panels by the library's own `cx_pack_weight`, on the host. The one
+    packing routine: the CPU executor keeps the result, the device executor uploads it."""
     lib.cx_packed_floats.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.cx_packed_floats.restype = ctypes.c_int64
     lib.cx_pack_weight.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     lib.cx_pack_weight.restype = None
     packed_all = []
-    for weight in spec["packed"][target]:
-        parts = [params[p].T if t else params[p] for p, t in zip(weight["params"], weight["transposed"])]
-        starts = np.cumsum([0, *weight["blocks"]])
+    for weight in packed:
+        parts = [params[p].T if t else params[p] for p, t in zip(weight.params, weight.transposed)]
+        starts = np.cumsum([0, *weight.blocks])
         block_rows = [np.concatenate(parts[a:b], axis=1) for a, b in zip(starts[:-1], starts[1:])]
         stacked = np.ascontiguousarray(np.concatenate(block_rows, axis=0), dtype=np.float32)
-        packed = aligned_empty(int(lib.cx_packed_floats(weight["m"], weight["k"])))
-        lib.cx_pack_weight(stacked.ctypes.data, weight["m"], weight["k"], packed.ctypes.data)
-        packed_all.append(packed)
+        array = aligned_empty(int(lib.cx_packed_floats(weight.m, weight.k)))
+        lib.cx_pack_weight(stacked.ctypes.data, weight.m, weight.k, array.ctypes.data)
+        packed_all.append(array)
     return packed_all
 
 

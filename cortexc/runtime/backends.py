@@ -9,12 +9,13 @@ import their executor module only when used, so that listing the backends
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cortexc.runtime.executor import Executor
+from cortexc.runtime.package import CellSpec
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class ExecutorRequest:
     (already checked against its hash; empty for the interpreter), where that source lives, a name for
     build caches, and a way to get the cell's IR (it compiles the source: only the interpreter asks)."""
 
-    spec: Mapping[str, Any]
+    spec: CellSpec
     source: str
     source_path: Path
     name: str

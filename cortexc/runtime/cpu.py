@@ -24,6 +24,7 @@ from cortexc.errors import CortexcError
 from cortexc.runtime.abi import CxCall, CxGrad, aligned_empty, packed_weights
 from cortexc.runtime.build import load_library
 from cortexc.runtime.linearize import Linearized
+from cortexc.runtime.package import CellSpec
 from cortexc.runtime.philox import EVAL, Dropout
 
 _P = ctypes.c_void_p
@@ -353,23 +354,11 @@ class _Kept:
         finalizer.atexit = False  # nothing to give back at exit
 
 
-def hoisted_gradients_set(spec: Mapping[str, Any]) -> tuple[bool, ...]:
-    """Per hoisted array (the ABI's order): whether the backward SETs every row of its gradient before
-    anything reads it, i.e. the node gradient kernel (`grad_node`, run on every internal node) stores it
-    with mode "set" (`_GRADIENT_STORES` in the scheduler). A hoisted value with no gradient in that kernel
-    (used only through non-differentiable ops) is stored by nobody, so its gradient rows must start at zero."""
-    stored = {
-        step.get("name")
-        for kernel in spec.get("schedule", [])
-        if kernel.get("kernel") == "grad_node" and kernel.get("rows") == "level"
-        for step in kernel.get("steps", [])
-        if step.get("step") == "store" and step.get("target") == "d_hoisted" and step.get("mode") == "set"
-    }
-    return tuple(name in stored for name in spec["abi"].get("hoisted", []))
-
-
 class CpuExecutor:
-    """Runs one compiled cell. `spec` is the cell's entry of the generated JSON."""
+    """Runs one compiled cell. `spec` is the cell's entry of the package's `cell.json`; it reads the C target's
+    section (`TARGET`)."""
+
+    TARGET = "c"
 
     #: `backward` takes `sparse_rows` (the model then asks for embedding gradients as rows only)
     sparse_backward = True
@@ -380,8 +369,9 @@ class CpuExecutor:
     #: deferred phase (`cx_keeps_rows`): 0 the package's bound, 1 none (tests, A/Bs)
     keep_rows = 0
 
-    def __init__(self, spec: Mapping[str, Any], library_path: Path):
+    def __init__(self, spec: CellSpec, library_path: Path):
         self.spec = spec
+        self.section = spec.target(self.TARGET)
         _default_wait_policy()
         self.lib = load_library(library_path)
         self._declare_entry_points()
@@ -394,7 +384,7 @@ class CpuExecutor:
         self._weight_tables: tuple[Any, ...] = (None, None, None, None)
         self._scratch = _Scratch()
         self._recycled = _Recycled()
-        self._hoisted_set = hoisted_gradients_set(spec)
+        self._hoisted_set = self.section.hoisted_gradients_set
         # folded tables (`cortexc.passes.fold`): built by `cx_fold` from one `_weights` value on the first
         # inference that uses it, and paired with that value (compared by identity, held, so never reused)
         self.folding = True  # the model's switch (`CellModel(fold=False)`); CORTEXC_FOLD=0 overrides it
@@ -441,7 +431,7 @@ class CpuExecutor:
         the package's `hoisted_window_rows`, or the widest level above the leaves if that is more, where that
         is fewer than the internal nodes; else one row per internal node."""
         internal = lin.num_nodes - lin.num_leaves
-        window = self.spec.get("hoisted_window_rows", 0)
+        window = self.section.hoisted_window_rows
         if not window or window >= internal:
             return internal
         return min(internal, max(window, lin.widest_internal_level))
@@ -466,9 +456,9 @@ class CpuExecutor:
 
     def set_params(self, params: Mapping[str, np.ndarray]) -> None:
         """Keep the params and pack the GEMM weights (stacked as the program says) once."""
-        abi = self.spec["abi"]
-        arrays = [np.ascontiguousarray(params[name], dtype=np.float32) for name in abi["params"]]
-        self._keep_weights(arrays, packed_weights(self.lib, self.spec, params, "c"))
+        abi = self.spec.abi
+        arrays = [np.ascontiguousarray(params[name], dtype=np.float32) for name in abi.params]
+        self._keep_weights(arrays, packed_weights(self.lib, self.section.packed, params))
 
     def _keep_weights(self, params: list[np.ndarray], packed: list[np.ndarray]) -> None:
         """Store the weights and their pointer tables (tables first: a call that sees the new weights and the
@@ -480,7 +470,7 @@ class CpuExecutor:
     def repack(self, params: Mapping[str, np.ndarray]) -> None:
         """Pack the GEMM weights again from these params (for callers that pass params per call, which
         `run_forward`/`run_backward` then read with these packed weights)."""
-        self._keep_weights(self._weights[0], packed_weights(self.lib, self.spec, params, "c"))
+        self._keep_weights(self._weights[0], packed_weights(self.lib, self.section.packed, params))
 
     def folded_tables(
         self, weights: tuple[list[np.ndarray], list[np.ndarray]], rows: int = 0
@@ -489,7 +479,7 @@ class CpuExecutor:
         when it pays (see `FOLD_VARIABLE`); None when the cell has no fold, folding is off (`folding`,
         `CORTEXC_FOLD=0`), not yet built or the memory cap leaves none. A table is None where the cap
         (`CORTEXC_FOLD_MAX_MB`, over all tables of the model) leaves it out."""
-        folds = self.spec.get("folds") or []
+        folds = self.section.folds
         mode = os.environ.get(FOLD_VARIABLE, "").strip()
         if not folds or not self.folding or mode == "0" or not weights[1]:
             return None
@@ -499,7 +489,7 @@ class CpuExecutor:
                 cached = (weights, None, 0)
             _, tables, seen = cached
             if tables is None:
-                if mode != "eager" and seen + rows < sum(f["rows"] for f in folds):
+                if mode != "eager" and seen + rows < sum(f.rows for f in folds):
                     self._folded = (weights, None, seen + rows)  # this one runs the GEMMs
                     return None
                 tables = self._build_folds(weights)
@@ -513,15 +503,15 @@ class CpuExecutor:
         start = time.perf_counter()
         param_table, packed_table = _pointers(params), _pointers(packed)
         tables: list[np.ndarray | None] = []
-        for index, fold in enumerate(self.spec["folds"]):
-            size = fold["rows"] * fold["m"] * 4
+        for index, fold in enumerate(self.section.folds):
+            size = fold.rows * fold.m * 4
             if total + size > limit:
                 tables.append(None)
                 continue
-            table = aligned_empty((fold["rows"], fold["m"]))
+            table = aligned_empty((fold.rows, fold.m))
             self._set_threads()
             if self.lib.cx_fold(ctypes.cast(param_table, _P), ctypes.cast(packed_table, _P), index, table.ctypes.data):
-                raise CortexcError(f"the library has no fold {index} ({fold['name']}): compile the package again")
+                raise CortexcError(f"the library has no fold {index} ({fold.name}): compile the package again")
             table.flags.writeable = False
             tables.append(table)
             total += size
@@ -629,7 +619,7 @@ class CpuExecutor:
         gradients of the states; None for index inputs and for outputs without an upstream). The deferred
         weight gradients' factor rows (`deferred_shapes`) are this thread's scratch unless a sixth entry
         gives them. `activations`: what the forward saved (`run_forward`), needed when the package saves any."""
-        outputs = [np.empty(0, np.float32) for _ in self.spec["abi"]["outputs"]]
+        outputs = [np.empty(0, np.float32) for _ in self.spec.abi.outputs]
         packed = self._weights[1] if packed is None else packed
         call, _tables = self._call(
             lin, params, packed, inputs, states, hoisted, outputs, dropout, None, self._checked(lin, activations, True)
@@ -648,10 +638,7 @@ class CpuExecutor:
         """The shapes of the arrays a forward a backward follows keeps for it (`passes.saving`): a row of
         each saved array's width per internal node, or per leaf, in level order (every row is written)."""
         internal = lin.num_nodes - lin.num_leaves
-        return [
-            (internal if values["rows"] == "internal" else lin.num_leaves, int(values["width"]))
-            for values in self.spec.get("saved", [])
-        ]
+        return [(internal if values.internal else lin.num_leaves, values.width) for values in self.section.saved]
 
     def _checked(
         self, lin: Linearized, activations: Sequence[np.ndarray] | None, needed: bool = False
@@ -676,8 +663,8 @@ class CpuExecutor:
         position, or per child edge, of m + k floats)."""
         edges = int(lin.edge_ptr[-1]) if len(lin.edge_ptr) else 0
         return [
-            (max(edges if term["rows"] == "child" else lin.num_nodes, 1), term["m"] + term["k"])
-            for term in self.spec.get("deferred_by_target", {}).get("c", [])
+            (max(edges if term.rows == "child" else lin.num_nodes, 1), term.m + term.k)
+            for term in self.section.deferred
         ]
 
     def forward(
@@ -690,16 +677,16 @@ class CpuExecutor:
     ) -> tuple[dict[str, np.ndarray], Saved | None]:
         """States and outputs; with `keep`, also what `backward` needs. (`host`: the results are in host
         memory here anyway.)"""
-        abi = self.spec["abi"]
+        abi = self.spec.abi
         n = lin.num_nodes
         internal = n - lin.num_leaves
-        widths = self.spec["hoisted_widths"]
+        widths = self.spec.hoisted_widths
         kept = _Kept(self._recycled) if keep else None
-        state_shapes = self.spec["state_shapes"]
-        output_shapes = [(len(lin.roots) if out["at_root"] else n, *out["shape"]) for out in self.spec["outputs"]]
+        state_shapes = [s.shape for s in self.spec.signature.states]
+        output_shapes = [(len(lin.roots) if o.at_root else n, *o.shape) for o in self.spec.signature.outputs]
         copies_of_states: list[np.ndarray] = []
         # a training forward whose backward reads no hoisted row computes them a window at a time, as an inference
-        windowed = kept is None or bool(self.spec.get("training_window"))
+        windowed = kept is None or self.section.training_window
         if kept is not None:  # kept for the backward: arrays of its own (recycled memory, see `_Recycled`)
             states = kept.states(n, state_shapes)
             # the caller's: copies of the states and the outputs, from one fresh buffer (see `_fresh_arrays`)
@@ -715,7 +702,7 @@ class CpuExecutor:
             hoisted = [kept.array(("hoisted", i), (internal, width)) for i, width in enumerate(widths)]
         # kept for a backward: the inputs are copied (they may be the caller's arrays) and the states returned
         # as copies, so editing either afterwards cannot change the gradients (one copy of each, O(N * width))
-        input_arrays = [inputs[name] for name in abi["inputs"]]
+        input_arrays = [inputs[name] for name in abi.inputs]
         if kept is not None:
             copies = []
             for index, array in enumerate(input_arrays):
@@ -732,8 +719,8 @@ class CpuExecutor:
         self.run_forward(lin, params, input_arrays, states, hoisted, outputs, packed, dropout, folded, activations)
         for copy, state in zip(copies_of_states, states):
             np.copyto(copy, state[:n])
-        result = {name: state[:n] for name, state in zip(abi["states"], copies_of_states or states)}
-        result.update(zip(abi["outputs"], outputs))
+        result = {name: state[:n] for name, state in zip(abi.states, copies_of_states or states)}
+        result.update(zip(abi.outputs, outputs))
         if kept is None:
             return result, None
         saved = Saved(lin, input_arrays, states, [] if windowed else hoisted, dropout, activations)
@@ -753,7 +740,7 @@ class CpuExecutor:
         (`_Scratch`: no fresh pages per step). `sparse_rows` maps a param used only as an embedding table
         to the rows the forest looks up (unique): its gradient is then only those rows, `[len(rows), ...]`,
         computed in a table kept zeroed between calls (so no step zeroes or allocates the whole table)."""
-        abi = self.spec["abi"]
+        abi = self.spec.abi
         lin = saved.lin
         n = lin.num_nodes
         sparse_rows = sparse_rows or {}
@@ -762,17 +749,17 @@ class CpuExecutor:
             self._scratch.zeroed_table(name, tuple(param_shapes[name]))
             if name in sparse_rows
             else np.zeros(param_shapes[name], np.float32)
-            for name in abi["params"]
+            for name in abi.params
         ]
-        input_specs = {i["name"]: i for i in self.spec["inputs"]}
+        index_inputs = {i.name for i in self.spec.signature.inputs if i.is_index}
         d_inputs = [  # added into (StoreMode.ADD) and returned: zeros of the caller's own
-            None if input_specs[name]["dtype"] == "int32" else np.zeros(array.shape, np.float32)
-            for name, array in zip(abi["inputs"], saved.inputs)
+            None if name in index_inputs else np.zeros(array.shape, np.float32)
+            for name, array in zip(abi.inputs, saved.inputs)
         ]
         # the states' gradients are added into, row N included (an absent child's): each starts at its
         # upstream or zero; scratch, not returned
         d_states = self._scratch.arrays("d_states", [state.shape for state in saved.states], zero=False)
-        for name, d_state in zip(abi["states"], d_states):
+        for name, d_state in zip(abi.states, d_states):
             if name in upstream:
                 d_state[:n] = upstream[name]
                 d_state[n:] = 0.0
@@ -783,16 +770,15 @@ class CpuExecutor:
         internal = n - lin.num_leaves
         d_hoisted = [
             self._scratch.arrays(f"d_hoisted{index}", [(internal, width)], zero=not is_set)[0]
-            for index, (width, is_set) in enumerate(zip(self.spec["hoisted_widths"], self._hoisted_set))
+            for index, (width, is_set) in enumerate(zip(self.spec.hoisted_widths, self._hoisted_set))
         ]
         upstream_outputs = [
-            None if name not in upstream else np.ascontiguousarray(upstream[name], np.float32)
-            for name in abi["outputs"]
+            None if name not in upstream else np.ascontiguousarray(upstream[name], np.float32) for name in abi.outputs
         ]
         grads = (d_params, d_inputs, d_states, d_hoisted, upstream_outputs)
         params, packed = self._weights
         # none kept (`training_window`): empty arrays, one per hoisted array, that the gradient kernels never read
-        hoisted = saved.hoisted or [np.empty((0, width), np.float32) for width in self.spec["hoisted_widths"]]
+        hoisted = saved.hoisted or [np.empty((0, width), np.float32) for width in self.spec.hoisted_widths]
         try:
             self.run_backward(
                 lin, params, saved.inputs, saved.states, hoisted, grads, packed, saved.dropout, saved.activations
@@ -801,10 +787,10 @@ class CpuExecutor:
             for name in sparse_rows:  # written somewhere: not known to be zero any more
                 self._scratch.drop(name)
             raise
-        result = dict(zip(abi["params"], d_params))
+        result = dict(zip(abi.params, d_params))
         for name, rows in sparse_rows.items():
             table = result[name]
             result[name] = table[rows]  # a copy of the rows (the caller's own)
             table[rows] = 0.0  # the only rows the look-ups wrote: the table is all zeros again
-        result.update((name, d) for name, d in zip(abi["inputs"], d_inputs) if d is not None)
+        result.update((name, d) for name, d in zip(abi.inputs, d_inputs) if d is not None)
         return result

@@ -25,6 +25,7 @@ from cortexc.errors import CortexcError
 from cortexc.runtime.abi import LaunchOptions
 from cortexc.runtime.build import build_shared
 from cortexc.runtime.device import DeviceExecutor, cuda_include_flags
+from cortexc.runtime.package import CellSpec
 
 INSTALL_HINT = "install cortexc[cuda] on a machine with an NVIDIA driver"
 
@@ -82,7 +83,7 @@ class CudaExecutor(DeviceExecutor):
 
     def __init__(
         self,
-        spec: Mapping[str, Any],
+        spec: CellSpec,
         cuda_source: str,
         name: str,
         launch: LaunchOptions | None = None,

@@ -10,13 +10,12 @@ params uploaded once). Only the driver beneath the CUDA runtime differs: here
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from cortexc.runtime.abi import LaunchOptions
 from cortexc.runtime.build import build_shared
 from cortexc.runtime.device import DeviceExecutor, cuda_include_flags
+from cortexc.runtime.package import CellSpec
 
 EMU_FLAGS = ("-std=c++17", "-O1", "-fPIC", "-shared", "-Wall", "-Wno-unused-function", "-x", "c++")
 
@@ -30,5 +29,5 @@ def build_emulated(source: str, name: str, source_path: str | Path | None = None
 class EmulatedCudaExecutor(DeviceExecutor):
     """The CUDA target's host code and kernels, emulated on the CPU (tests; no GPU needed)."""
 
-    def __init__(self, spec: Mapping[str, Any], cuda_source: str, name: str, launch: LaunchOptions | None = None):
+    def __init__(self, spec: CellSpec, cuda_source: str, name: str, launch: LaunchOptions | None = None):
         super().__init__(spec, build_emulated(cuda_source, name), launch)

@@ -37,6 +37,7 @@ from cortexc.errors import CortexcError
 from cortexc.runtime.abi import DEVICE_MEMORY_EXPORTS, CxCall, CxGrad, CxLaunch, LaunchOptions, packed_weights
 from cortexc.runtime.build import load_library
 from cortexc.runtime.linearize import Linearized
+from cortexc.runtime.package import CellSpec
 from cortexc.runtime.philox import EVAL, Dropout
 
 ALIGN = 256  # bytes: every array of an arena starts on a boundary this wide
@@ -270,11 +271,15 @@ class DeviceSaved:
 
 
 class DeviceExecutor:
-    """Runs one compiled cell's CUDA library. `spec` is the cell's entry of the generated JSON; `launch`
-    fixes the launch options (else they come from the environment, read once per call)."""
+    """Runs one compiled cell's CUDA library. `spec` is the cell's entry of the package's `cell.json`; it
+    reads the CUDA target's section (`TARGET`). `launch` fixes the launch options (else they come from the
+    environment, read once per call)."""
 
-    def __init__(self, spec: Mapping[str, Any], library_path: Path, launch: LaunchOptions | None = None):
+    TARGET = "cuda"
+
+    def __init__(self, spec: CellSpec, library_path: Path, launch: LaunchOptions | None = None):
         self.spec = spec
+        self.section = spec.target(self.TARGET)
         self.launch = launch
         self.lib = load_library(library_path)
         launch_arg = ctypes.POINTER(CxLaunch)
@@ -300,22 +305,21 @@ class DeviceExecutor:
         the call's stream."""
         if self.launch is not None:
             return self.launch.struct(stream)
-        default = LaunchOptions.from_json(self.spec["launch"]) if "launch" in self.spec else None
-        return LaunchOptions.from_environment(default=default).struct(stream)
+        return LaunchOptions.from_environment(default=self.spec.launch).struct(stream)
 
     # --- params ----------------------------------------------------------------
     def set_params(self, params: Mapping[str, np.ndarray]) -> None:
         """Upload the params and their packed GEMM weights, in one copy, once, into a new block; calls that
         began before keep the old one (`DeviceParams`)."""
-        names = self.spec["abi"]["params"]
+        names = self.spec.abi.params
         arrays = [np.ascontiguousarray(params[name], np.float32) for name in names]
-        self._params = self._upload(arrays, packed_weights(self.lib, self.spec, params, "cuda"))
+        self._params = self._upload(arrays, packed_weights(self.lib, self.section.packed, params))
 
     def upload_packed(self, params: Mapping[str, np.ndarray], stream: int = 0) -> DeviceParams:
         """The packed GEMM weights of these (host) params in a block of their own, for callers that keep
         the params themselves on the device (`cortexc.torch`: torch's CUDA tensors) and pass them per call;
         copied on `stream` (the calls' stream, which orders the copy before their kernels) and waited for."""
-        return self._upload([], packed_weights(self.lib, self.spec, params, "cuda"), stream)
+        return self._upload([], packed_weights(self.lib, self.section.packed, params), stream)
 
     def _upload(self, params: list[np.ndarray], packed: list[np.ndarray], stream: int = 0) -> DeviceParams:
         """Params and packed weights in one new block, in one copy (done when this returns: the staging
@@ -347,26 +351,26 @@ class DeviceExecutor:
         host: bool = True,
         dropout: Dropout = EVAL,
     ) -> tuple[dict[str, Any], DeviceSaved | None]:
-        abi, n = self.spec["abi"], lin.num_nodes
+        abi, n = self.spec.abi, lin.num_nodes
         device_params = self._params  # once: a concurrent set_params neither mixes nor frees them
         uploads = {
             field: getattr(lin, field) for field in ("level_order", "level_ptr", "edge_ptr", "edge_child", "roots")
         }
-        uploads |= {f"input/{name}": np.ascontiguousarray(inputs[name]) for name in abi["inputs"]}
+        uploads |= {f"input/{name}": np.ascontiguousarray(inputs[name]) for name in abi.inputs}
         shapes: dict[str, tuple[int, ...]] = {}
-        for name, shape in zip(abi["states"], self.spec["state_shapes"]):
-            shapes[f"state/{name}"] = (n + 1, *shape)  # row n: zeros, what a missing child reads
-        for name, out in zip(abi["outputs"], self.spec["outputs"]):
-            shapes[f"output/{name}"] = (len(lin.roots) if out["at_root"] else n, *out["shape"])
+        for name, state in zip(abi.states, self.spec.signature.states):
+            shapes[f"state/{name}"] = (n + 1, *state.shape)  # row n: zeros, what a missing child reads
+        for name, out in zip(abi.outputs, self.spec.signature.outputs):
+            shapes[f"output/{name}"] = (len(lin.roots) if out.at_root else n, *out.shape)
         internal = max(n - lin.num_leaves, 1)
-        hoisted_shapes = [(internal, width) for width in self.spec["hoisted_widths"]]
-        for name, shape in zip(abi["hoisted"], hoisted_shapes):
+        hoisted_shapes = [(internal, width) for width in self.spec.hoisted_widths]
+        for name, shape in zip(abi.hoisted, hoisted_shapes):
             shapes[f"hoisted/{name}"] = shape
         arena_tables = {  # the pointer tables that list arrays of this arena
-            "inputs": [f"input/{name}" for name in abi["inputs"]],
-            "states": [f"state/{name}" for name in abi["states"]],
-            "hoisted": [f"hoisted/{name}" for name in abi["hoisted"]],
-            "outputs": [f"output/{name}" for name in abi["outputs"]],
+            "inputs": [f"input/{name}" for name in abi.inputs],
+            "states": [f"state/{name}" for name in abi.states],
+            "hoisted": [f"hoisted/{name}" for name in abi.hoisted],
+            "outputs": [f"output/{name}" for name in abi.outputs],
         }
         counts = {"params": len(device_params.params), "packed": len(device_params.packed)}
         counts |= {table: len(keys) for table, keys in arena_tables.items()}
@@ -419,7 +423,7 @@ class DeviceExecutor:
         if not keep:
             self.pool.give_back((size, base))
             return result, None
-        kept_inputs = {name: uploads[f"input/{name}"] for name in abi["inputs"]}
+        kept_inputs = {name: uploads[f"input/{name}"] for name in abi.inputs}
         saved = DeviceSaved(lin, call, at("call"), layout, base, kept_inputs, hoisted_shapes, device_params)
         weakref.finalize(saved, self.pool.give_back, (size, base))
         return result, saved
@@ -502,8 +506,8 @@ class DeviceExecutor:
         child edge)."""
         edges = int(lin.edge_ptr[-1]) if len(lin.edge_ptr) else 0
         return [
-            (max(edges if term["rows"] == "child" else lin.num_nodes, 1), term["m"] + term["k"])
-            for term in self.spec.get("deferred", [])
+            (max(edges if term.rows == "child" else lin.num_nodes, 1), term.m + term.k)
+            for term in self.section.deferred
         ]
 
     def _call_arena(
@@ -591,35 +595,35 @@ class DeviceExecutor:
     def backward(
         self, saved: DeviceSaved, upstream: Mapping[str, np.ndarray], param_shapes: Mapping[str, tuple[int, ...]]
     ) -> dict[str, np.ndarray]:
-        abi, lin = self.spec["abi"], saved.lin
+        abi, lin = self.spec.abi, saved.lin
         n = lin.num_nodes
-        index_inputs = {i["name"] for i in self.spec["inputs"] if i["dtype"] == "int32"}
-        float_inputs = [name for name in abi["inputs"] if name not in index_inputs]
+        index_inputs = {i.name for i in self.spec.signature.inputs if i.is_index}
+        float_inputs = [name for name in abi.inputs if name not in index_inputs]
 
         uploads: dict[str, np.ndarray] = {}
-        for name, shape in zip(abi["states"], self.spec["state_shapes"]):
-            d_state = np.zeros((n + 1, *shape), np.float32)
+        for name, state in zip(abi.states, self.spec.signature.states):
+            d_state = np.zeros((n + 1, *state.shape), np.float32)
             if name in upstream:
                 d_state[:n] = upstream[name]
             uploads[f"d_state/{name}"] = d_state
-        for name in abi["outputs"]:
+        for name in abi.outputs:
             if name in upstream:
                 uploads[f"upstream/{name}"] = np.ascontiguousarray(upstream[name], np.float32)
-        zeroed = {f"d_param/{name}": tuple(param_shapes[name]) for name in abi["params"]}
+        zeroed = {f"d_param/{name}": tuple(param_shapes[name]) for name in abi.params}
         zeroed |= {f"d_input/{name}": saved.input_shapes[name] for name in float_inputs}
-        zeroed |= {f"d_hoisted/{name}": shape for name, shape in zip(abi["hoisted"], saved.hoisted_shapes)}
+        zeroed |= {f"d_hoisted/{name}": shape for name, shape in zip(abi.hoisted, saved.hoisted_shapes)}
         # the deferred weight gradients' factor rows: one per node position, or per child edge
         edges = int(lin.edge_ptr[-1]) if len(lin.edge_ptr) else 0
-        for index, term in enumerate(self.spec.get("deferred", [])):
-            rows = max(edges if term["rows"] == "child" else n, 1)
-            zeroed[f"deferred/{index}"] = (rows, term["m"] + term["k"])
+        for index, term in enumerate(self.section.deferred):
+            rows = max(edges if term.rows == "child" else n, 1)
+            zeroed[f"deferred/{index}"] = (rows, term.m + term.k)
         tables: dict[str, list[str | None]] = {
-            "d_params": [f"d_param/{name}" for name in abi["params"]],
-            "d_inputs": [None if name in index_inputs else f"d_input/{name}" for name in abi["inputs"]],
-            "d_states": [f"d_state/{name}" for name in abi["states"]],
-            "d_hoisted": [f"d_hoisted/{name}" for name in abi["hoisted"]],
-            "upstream": [f"upstream/{name}" if name in upstream else None for name in abi["outputs"]],
-            "deferred": [f"deferred/{index}" for index in range(len(self.spec.get("deferred", [])))],
+            "d_params": [f"d_param/{name}" for name in abi.params],
+            "d_inputs": [None if name in index_inputs else f"d_input/{name}" for name in abi.inputs],
+            "d_states": [f"d_state/{name}" for name in abi.states],
+            "d_hoisted": [f"d_hoisted/{name}" for name in abi.hoisted],
+            "upstream": [f"upstream/{name}" if name in upstream else None for name in abi.outputs],
+            "deferred": [f"deferred/{index}" for index in range(len(self.section.deferred))],
         }
 
         # d_params, then d_inputs: the results are one span
@@ -637,7 +641,7 @@ class DeviceExecutor:
             staging = _staging(layout, uploaded, uploads, addresses, ("grad", grad))  # kept: see `upload`
             self.memory.upload(base, staging)
             self.memory.zero(base + uploaded, layout.size - uploaded)
-            mask = sum(1 << index for index, name in enumerate(abi["outputs"]) if name in upstream)
+            mask = sum(1 << index for index, name in enumerate(abi.outputs) if name in upstream)
             if (
                 n
                 and (

@@ -29,6 +29,7 @@ from cortexc.runtime.backends import BACKENDS, ExecutorRequest, backend
 from cortexc.runtime.executor import Executor
 from cortexc.runtime.forest import Forest
 from cortexc.runtime.linearize import linearize
+from cortexc.runtime.package import FORMAT_VERSION, CellSpec, FormatError, PackageSpec
 from cortexc.runtime.params import check_params, init_params, take_over, write_params_file
 from cortexc.runtime.philox import EVAL, SEED_LIMIT, Dropout, checked_seed
 from cortexc.runtime.signature import CellSignature
@@ -37,8 +38,6 @@ from cortexc.runtime.validate import check_forest, check_inputs, checked_flag
 if TYPE_CHECKING:
     from cortexc.ir.cell import Cell
 
-#: the `cell.json` format this runtime reads (the compiler's `cortexc.codegen.module.FORMAT_VERSION`)
-FORMAT_VERSION = 5
 
 #: every device name (the backend table's); "cuda-emu" runs the CUDA code on the CPU (for tests: slow)
 DEVICES = tuple(BACKENDS)
@@ -89,7 +88,7 @@ class _CompiledCell:
             from cortexc.pipeline import compile_source
 
             description = owner._description
-            cells = compile_source(description["source"], description["source_file"], description["defines"])
+            cells = compile_source(description.source, description.source_file, dict(description.defines))
             cached = next(c for c in cells if c.name == owner.signature.name)
             type.__setattr__(owner, "_compiled_cell", cached)
         return cached
@@ -100,8 +99,8 @@ class CellModel:
 
     _package: ClassVar[Path]
     _kernel_sources: ClassVar[dict[str, str]]  # by target, read at import and checked against their hashes
-    _description: ClassVar[dict[str, Any]]
-    _spec: ClassVar[dict[str, Any]]
+    _description: ClassVar[PackageSpec]
+    _spec: ClassVar[CellSpec]
     signature: ClassVar[CellSignature]  # what forests, inputs and params are validated against
     cell: ClassVar[Cell] = _CompiledCell()  # type: ignore[assignment]  # the IR, compiled on first use
 
@@ -266,8 +265,8 @@ class CellModel:
         request = ExecutorRequest(
             spec=cls._spec,
             source=cls._kernel_sources[target] if target is not None else "",
-            source_path=cls._package / cls._spec["kernels"][target] if target is not None else cls._package,
-            name=f"{cls._description['package']}_{cls.signature.name}",
+            source_path=cls._package / cls._spec.target(target).kernel_file if target is not None else cls._package,
+            name=f"{cls._description.package}_{cls.signature.name}",
             compile_ir=lambda: cls.cell,
         )
         return chosen.make_executor(request)
@@ -318,8 +317,13 @@ def load_package(directory: str | os.PathLike[str]) -> dict[str, type[CellModel]
     """The model classes of a generated package, by cell name (reads `cell.json` and the kernels only)."""
     directory = Path(directory)
     try:
-        description = json.loads((directory / "cell.json").read_text(encoding="utf-8"))
+        description = PackageSpec.from_json(json.loads((directory / "cell.json").read_text(encoding="utf-8")))
         return _classes(directory, description)
+    except FormatError as err:
+        raise CortexcError(
+            f"{directory / 'cell.json'} is format {err.found!r}, this runtime reads format "
+            f"{FORMAT_VERSION}: compile the package again"
+        ) from None
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as err:
         if isinstance(err, CortexcError):
             raise
@@ -328,32 +332,27 @@ def load_package(directory: str | os.PathLike[str]) -> dict[str, type[CellModel]
         ) from None
 
 
-def _classes(directory: Path, description: dict[str, Any]) -> dict[str, type[CellModel]]:
-    if description.get("format") != FORMAT_VERSION:
-        raise CortexcError(
-            f"{directory / 'cell.json'} is format {description.get('format')!r}, this runtime reads format "
-            f"{FORMAT_VERSION}: compile the package again"
-        )
+def _classes(directory: Path, description: PackageSpec) -> dict[str, type[CellModel]]:
     classes: dict[str, type[CellModel]] = {}
-    for spec in description["cells"]:
+    for spec in description.cells:
         sources = {}
-        for target, file_name in spec["kernels"].items():
-            kernel_path = directory / file_name
+        for target, section in spec.targets.items():
+            kernel_path = directory / section.kernel_file
             sources[target] = kernel_path.read_text(encoding="utf-8")
-            if hashlib.sha256(sources[target].encode()).hexdigest() != spec["kernel_sha256"][target]:
+            if hashlib.sha256(sources[target].encode()).hexdigest() != section.kernel_sha256:
                 raise CortexcError(
                     f"{kernel_path} does not match {directory / 'cell.json'} (the package was "
                     "changed after it was generated): compile it again"
                 )
-        signature = CellSignature.from_json(spec["signature"])
+        signature = spec.signature
         attributes = {
             "_kernel_sources": sources,
             "_package": directory,
             "_description": description,
             "_spec": spec,
             "signature": signature,
-            "__doc__": f"The cell {signature.name} of {description['source_file']} (compiled by cortexc).",
-            "__module__": description["package"],
+            "__doc__": f"The cell {signature.name} of {description.source_file} (compiled by cortexc).",
+            "__module__": description.package,
         }
         classes[signature.name] = type(signature.name, (CellModel,), attributes)
     return classes
