@@ -24,6 +24,8 @@ from tests.test_autodiff import INVENTED
 torch = pytest.importorskip("torch")
 
 DEVICES = ["interp", "cpu", "cuda-emu"]
+#: the same, the compiled ones marked slow (their dims make the packages' builds and runs long)
+COMPILED_SLOW = ["interp", *(pytest.param(d, marks=pytest.mark.slow) for d in ("cpu", "cuda-emu"))]
 RTOL = 1e-5
 
 
@@ -141,7 +143,7 @@ def _check_against_torch(model, params, forest, fn, rng, what):
     return out
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", COMPILED_SLOW)
 def test_attentive_treelstm_matches_per_node_torch_on_random_forests(packages, device, rng):
     model, params = _models(packages["small"], "AttnTreeLSTM", device, rng)
     forest = Forest.concat(
@@ -154,7 +156,7 @@ def test_attentive_treelstm_matches_per_node_torch_on_random_forests(packages, d
     _check_against_torch(model, params, forest, torch_attn_treelstm, rng, f"AttnTreeLSTM {device}")
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", ["interp", "cpu", pytest.param("cuda-emu", marks=pytest.mark.slow)])
 def test_arity_cell_leaves_missing_children_out_of_the_softmax(packages, device, rng):
     model, params = _models(packages["child_softmax_arity"], "AttnArity", device, rng)
     forest = Forest.concat(
@@ -165,7 +167,7 @@ def test_arity_cell_leaves_missing_children_out_of_the_softmax(packages, device,
     _check_against_torch(model, params, forest, torch_attn_arity, rng, f"AttnArity {device}")
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", COMPILED_SLOW)
 def test_dag_cell_normalises_per_parent_over_shared_children(packages, device, rng):
     model, params = _models(packages["child_softmax_dag"], "AttnDag", device, rng)
     while True:
@@ -200,6 +202,7 @@ def sst_forest():
     return Forest.from_ptb(lines[:40])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 def test_attentive_treelstm_on_sst_trees_at_its_own_dims(sst_forest, device, rng, tmp_path_factory):
     """X = 300, H = 150 as declared, on 40 SST dev trees: forward and gradients against per-node torch."""

@@ -173,6 +173,7 @@ def test_sparse_embedding_gradient_equals_the_dense_rows_bitwise(modules, rng):
     _check_sparse_equals_dense(model, forests, rng, vocab=64)
 
 
+@pytest.mark.slow
 def test_sparse_embedding_gradient_on_sst_trees(tmp_path, rng):
     lines = [line for line in sst_path("dev").read_text(encoding="utf-8").splitlines() if line.strip()][:50]
     module = cortexc.load(EXAMPLES / "binary_treelstm.cell", tmp_path / "sst", V=18282, X=30, H=20)

@@ -92,6 +92,7 @@ def test_run_compares_compiled_and_eager_on_the_builtin_forest(capsys):
     assert error < 1e-5
 
 
+@pytest.mark.slow
 def test_run_on_sst_trees(capsys):
     trees = sst_path("dev")
     assert (

@@ -244,6 +244,7 @@ def test_example_matches_interp_on_varied_forests(stem, seed):
             compare(model, forest, inputs, f"example {stem}[{shape}, seed={seed}]")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("H", [7, 33])
 @pytest.mark.parametrize("stem", sorted(EXAMPLE_DIMS))
 def test_odd_dim_overrides(stem, H):
@@ -566,6 +567,7 @@ def stress_forest(kind: str, cell, seed: int) -> Forest:
     raise AssertionError(kind)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("stem", sorted(STRESS))
 def test_stress_cell_matches_interp(load_text, stem, seed):
@@ -855,6 +857,7 @@ def sst_dev():
     return lines, forest, Vocab.build([forest])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("H", [150, 256])
 def test_binary_treelstm_on_sst_dev(sst_dev, H):
     """Default dims (V=21701, X=300, H=150) and -D H=256; the whole dev set compiled, 150 trees interpreted."""
@@ -897,6 +900,7 @@ def test_batch_sizes_on_sst_train(sst_train, count):
     compare(model, forest, {"word": _word_ids(vocab, forest, 21701)}, f"SST train batch {count}")
 
 
+@pytest.mark.slow
 def test_all_of_sst_train_in_one_call(sst_train):
     """8544 trees at once == the same trees in separate batches == the interpreter on 200 random trees."""
     lines, forest, vocab = sst_train

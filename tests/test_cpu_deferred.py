@@ -120,6 +120,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, dims, make_forest", CASES, ids=[c[0] for c in CASES])
 def test_deferred_gradients_match_the_interpreter(name, dims, make_forest, rng, tmp_path_factory, monkeypatch):
     monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
@@ -143,6 +144,7 @@ def test_deferred_gradients_match_the_interpreter(name, dims, make_forest, rng, 
         assert max(terms.values()) >= 2 and "child" in kinds, "several terms on a param, terms per child edge"
 
 
+@pytest.mark.slow
 def test_a_skipped_output_leaves_its_term_out(rng, tmp_path_factory, monkeypatch):
     """Without the upstream gradient of an output its gradient kernel does not run, so its term's rows are
     not written (not zeroed either): the deferred phase must skip the term."""
@@ -167,6 +169,7 @@ def test_a_skipped_output_leaves_its_term_out(rng, tmp_path_factory, monkeypatch
         assert relative_error(grads[key], value) < 2e-5, f"d{key}"
 
 
+@pytest.mark.slow
 def test_the_torch_cpu_op_passes_the_factor_rows(rng, tmp_path_factory, monkeypatch):
     """`cortexc.torch` on CPU gives the executor no factor rows of its own: the backward takes this
     thread's scratch (poisoned here first), and the gradients still match the interpreter."""

@@ -324,6 +324,7 @@ def test_divergence_message_names_the_culprit(built):
     assert re.search(r"sync_errors\.cu:\d+", stderr), stderr
 
 
+@pytest.mark.slow
 def test_address_sanitizer_sees_shared_memory_overflow(tmp_path):
     """Under -fsanitize=address the fibers are announced to ASan: a clean kernel runs clean, and writing one past
     a CX_SHARED array is reported."""
@@ -348,6 +349,7 @@ def test_address_sanitizer_sees_shared_memory_overflow(tmp_path):
 # ---------------------------------------------------------------------------------------------------------------
 # 5. the same kernels compile with nvcc
 # ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.nvcc
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 def test_kernels_compile_with_nvcc(tmp_path):
     """nvcc side of the prelude: sm_80 and sm_90 code, every warning an error. All kernels go into one translation
@@ -373,6 +375,7 @@ def test_kernels_compile_with_nvcc(tmp_path):
     assert "warning" not in (result.stdout + result.stderr).lower()
 
 
+@pytest.mark.nvcc
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 def test_nvcc_refuses_the_emulator_header(tmp_path):
     unit = tmp_path / "wrong.cu"
@@ -402,6 +405,7 @@ extern "C" int run(float *host, void *stream_handle) {
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(GXX is None, reason="g++ not found")
 def test_the_stream_log_records_the_stream_each_call_names(tmp_path):
     """While its log is on, the emulator records which stream every launch, copy, memset and synchronisation

@@ -32,6 +32,8 @@ from cortexc import Forest
 from cortexc.runtime.vocab import Vocab
 from tests.helpers import EXAMPLES, REPO, random_inputs
 
+pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
+
 DEVICE = os.environ.get("CORTEXC_GPU_TEST_DEVICE", "cuda")
 REQUIRE_GPU = os.environ.get("CORTEXC_REQUIRE_GPU") == "1"
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.cell"))

@@ -194,6 +194,7 @@ def _emulate_against_the_interpreter(module, rng, monkeypatch, **environment: st
     return emulated, forest, period
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocks, weights", SETTINGS)
 @pytest.mark.parametrize(
     "name", ["binary_treelstm", "treelstm", "lstm", "dagrnn", "treernn", "mvrnn", "quarter", "gated_max"]
@@ -231,6 +232,7 @@ def test_split_mode_is_off_where_asked(split_packages, rng, monkeypatch):
     assert _last_plan(model)[1] > 0  # the default where the cell splits
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocks", ["1", "4"])
 @pytest.mark.parametrize(
     "name, dims", [("treelstm", {"X": 40, "H": 70}), ("binary_treelstm", {"X": 40, "H": 70, "V": 30, "C": 5})]
@@ -252,6 +254,7 @@ def test_split_mode_at_sizes_that_span_several_chunks_and_passes(name, dims, blo
     assert _last_plan(emulated)[1] == 70 // int(blocks) + (70 % int(blocks) > 0)
 
 
+@pytest.mark.slow
 def test_the_plan_falls_back_when_shared_memory_is_short(rng, tmp_path, monkeypatch):
     """The emulated device has 227 KiB of shared memory per block (opt-in), as an H100/H200: a block
     owning all 100 units of a binary Tree-LSTM at H = 100 cannot hold their 400 KB of weights (they stay
@@ -285,6 +288,7 @@ def test_the_plan_falls_back_when_shared_memory_is_short(rng, tmp_path, monkeypa
     assert grid > 0 and units == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocks", [None, "3"])
 @pytest.mark.parametrize("name", ["binary_treelstm", "treelstm", "lstm", "dagrnn", "mvrnn", "quarter"])
 def test_per_level_mode_splits_small_levels_too(split_packages, name, blocks, rng, monkeypatch):

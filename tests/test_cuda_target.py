@@ -74,6 +74,7 @@ def test_cuda_device_without_pycuda_is_a_clear_error(packages):
         model(forest, x=np.zeros((forest.num_nodes, 9), np.float32))
 
 
+@pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_every_example_kernel_compiles_with_nvcc_without_spills(packages):
     sources = []
@@ -107,6 +108,7 @@ def test_scratch_kept_between_calls_grows_with_the_forest(packages, rng):
         assert relative_error(got["h"], expected["h"]) < 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, dims", [("treelstm", {"X": 40, "H": 70}), ("binary_treelstm", {"X": 40, "H": 70, "V": 30, "C": 5})]
 )
@@ -235,6 +237,7 @@ def test_pycuda_attaches_to_the_primary_context_of_torchs_device(monkeypatch):
         cuda_runtime.cuda_device_ordinal()
 
 
+@pytest.mark.slow
 def test_the_cuda_executor_with_a_stand_in_for_pycuda(packages, rng, monkeypatch):
     """device="cuda" end to end on the CPU: PyCUDA replaced by a stand-in (its context reports sm_90, its
     device-to-device copy is a memmove) and nvcc by the emulator build. What is left for a GPU run is PyCUDA

@@ -24,6 +24,8 @@ import cortexc
 from cortexc import Forest
 from tests.helpers import EXAMPLES, REPO, compare_backward, random_inputs, relative_error, sst_path, twin_models
 
+pytestmark = pytest.mark.slow
+
 #: cell file -> (defines, cell class); small dims so a forest of thousands of nodes runs fast
 CELLS = {
     "dagrnn": ("dagrnn.cell", {"X": 12, "H": 20}),

@@ -32,6 +32,7 @@ def _counting(monkeypatch) -> dict[str, int]:
     return counts
 
 
+@pytest.mark.slow
 def test_one_upload_one_memset_one_download_per_call(module, rng, monkeypatch):
     model = module.BinaryTreeLSTM(device="cuda-emu", seed=0)
     reference = module.BinaryTreeLSTM(device="interp", seed=0)
@@ -104,6 +105,7 @@ def test_layout_aligns_and_spans():
     assert layout.span("b", "c") == (256, 556)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", "cuda-emu"])
 def test_load_params_while_forwards_run_gives_all_old_or_all_new(module, device, rng):
     """A forward running while another thread calls load_params sees one set of params whole: its results

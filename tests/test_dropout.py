@@ -162,7 +162,7 @@ def probe(tmp_path_factory):
     return cortexc.load(path, out_dir=tmp_path_factory.mktemp("probe_pkg")).Probe
 
 
-@pytest.mark.parametrize("device", ["interp", "cpu", "cuda-emu"])
+@pytest.mark.parametrize("device", ["interp", "cpu", pytest.param("cuda-emu", marks=pytest.mark.slow)])
 def test_masks_are_the_contract_s_bitwise_on_every_device(probe, device, rng):
     forest = _probe_forest(rng)
     x = np.exp2(rng.integers(-6, 6, (forest.num_nodes, 7))).astype(np.float32)
@@ -312,6 +312,7 @@ def _without_dropout(text: str, name: str) -> str:
     return text.replace("cell DropoutTreeLSTM", f"cell {name}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", "cuda-emu"])
 def test_eval_mode_equals_the_cell_without_dropout(treelstm, device, rng, tmp_path):
     path = tmp_path / "plain.cell"
@@ -330,6 +331,7 @@ def test_eval_mode_equals_the_cell_without_dropout(treelstm, device, rng, tmp_pa
         np.testing.assert_allclose(grads[name], grads_plain[name], rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_p_zero_is_the_identity_in_train_mode(rng, tmp_path):
     text = (EXAMPLES / "treelstm_dropout.cell").read_text()
     path = tmp_path / "zero.cell"
@@ -498,6 +500,7 @@ cell {name} on {structure} {{
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("structure", ["tree", "dag"])
 def test_hoisted_and_per_child_dropout_on_cpu_and_every_cuda_launch(structure, rng, tmp_path, monkeypatch):
     path = tmp_path / "cs.cell"
@@ -529,6 +532,7 @@ def test_hoisted_and_per_child_dropout_on_cpu_and_every_cuda_launch(structure, r
             assert relative_error(grads[name], expected) < 1e-4, (device, mode, name)
 
 
+@pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_dropout_cells_compile_with_nvcc_without_spills(tmp_path):
     """The example at its own dims and the per-child/hoisted cell, sm_80 and sm_90 (tests/helpers.py)."""

@@ -187,6 +187,7 @@ def test_export_refuses_bad_params_and_writes_nothing(tmp_path, capsys):
 # ---------------------------------------------------------------- _run against the Python runtime
 
 
+@pytest.mark.slow
 def test_run_matches_python_on_random_trees(exported, rng):
     exp = exported("treernn")
     for trees in (1, 7, 40):
@@ -199,6 +200,7 @@ def test_run_matches_python_on_random_trees(exported, rng):
     _compare(exp, saturated, inputs, interp_rtol=1e-4)  # fast-math tanh near +-1 (as device="cpu" has it)
 
 
+@pytest.mark.slow
 def test_an_exported_cell_with_dropout_runs_in_evaluation_mode(exported, rng):
     """The exported library serves: its dropout calls are the identity (cx_call's train flag is 0)."""
     exp = exported("treelstm_dropout")
@@ -211,6 +213,7 @@ def test_an_exported_cell_with_dropout_runs_in_evaluation_mode(exported, rng):
         assert relative_error(got["logits"], trained["logits"]) > 1e-3  # training mode would differ
 
 
+@pytest.mark.slow
 def test_run_matches_python_on_chains(exported, rng):
     exp = exported("lstm")
     lengths = rng.integers(1, 30, 6)
@@ -240,6 +243,7 @@ def test_run_matches_python_with_block_weights(stem, tmp_path, rng):
     _compare(exp, forest, random_inputs(exp.cls.signature, forest, rng))
 
 
+@pytest.mark.slow
 def test_run_matches_python_on_dags(exported, rng):
     exp = exported("dagrnn")
     for nodes in (1, 12, 80):
@@ -247,6 +251,7 @@ def test_run_matches_python_on_dags(exported, rng):
         _compare(exp, forest, random_inputs(exp.cls.signature, forest, rng))
 
 
+@pytest.mark.slow
 def test_run_matches_python_on_child_sum_trees_and_mvrnn(exported, rng):
     for example in ("treelstm", "mvrnn"):
         exp = exported(example)
@@ -254,6 +259,7 @@ def test_run_matches_python_on_child_sum_trees_and_mvrnn(exported, rng):
         _compare(exp, forest, random_inputs(exp.cls.signature, forest, rng))
 
 
+@pytest.mark.slow
 def test_run_matches_python_on_the_attentive_treelstm(exported, rng):
     """child_softmax in an exported library: trees of up to 5 children, leaves and one-child chains."""
     exp = exported("attn_treelstm")
@@ -261,6 +267,7 @@ def test_run_matches_python_on_the_attentive_treelstm(exported, rng):
     _compare(exp, forest, random_inputs(exp.cls.signature, forest, rng))
 
 
+@pytest.mark.slow
 def test_run_matches_python_on_sst_trees(tmp_path, rng):
     path = sst_path("dev")
     with open(path, encoding="utf-8") as lines:
@@ -273,6 +280,7 @@ def test_run_matches_python_on_sst_trees(tmp_path, rng):
     _compare(exp, forest, {"word": ids}, as_csr=True)
 
 
+@pytest.mark.slow
 def test_run_on_an_empty_forest(exported):
     exp = exported("treernn")
     result, got = exp.run({"parents": np.zeros(0, np.int32), "x": np.zeros((0, 64), np.float32)})
@@ -322,6 +330,7 @@ def _bad_forests(rng, n: int):
     return [(name, {k: np.asarray(v, np.int32) for k, v in t.items()}, b) for name, t, b in cases]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("program", ["_run", "_run_asan"])
 def test_bad_forests_and_inputs_give_the_python_message(exported, rng, program):
     exp = exported("treernn")
@@ -395,6 +404,7 @@ def test_bad_forests_and_inputs_give_the_python_message(exported, rng, program):
         assert result.returncode == 0 or result.stderr.count("\n") == 1, result.stderr
 
 
+@pytest.mark.slow
 def test_dag_cell_accepts_shared_children_and_refuses_cycles(exported, rng):
     exp = exported("dagrnn")
     sig = exp.cls.signature
@@ -418,6 +428,7 @@ def test_dag_cell_accepts_shared_children_and_refuses_cycles(exported, rng):
 # ---------------------------------------------------------------- make test, threads, several cells, C++
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", ["treernn", "dagrnn"])
 def test_make_test_passes_in_the_exported_directory(tmp_path, example):
     defines = [f"-D{name}={value}" for name, value in EXAMPLE_DIMS[example].items()]
@@ -430,6 +441,7 @@ def test_make_test_passes_in_the_exported_directory(tmp_path, example):
     assert result.stdout.count("_run_asan") >= 8  # the sanitized program ran on the good and bad cases
 
 
+@pytest.mark.slow
 def test_make_test_fails_on_wrong_expected_outputs(tmp_path):
     directory = export(EXAMPLES / "treernn.cell", tmp_path, {"H": 8})
     expected = directory / "test" / "TreeRNN.expected.safetensors"
@@ -440,6 +452,7 @@ def test_make_test_fails_on_wrong_expected_outputs(tmp_path):
     assert result.returncode != 0 and "FAIL: TreeRNN_run outputs" in result.stdout
 
 
+@pytest.mark.slow
 def test_threads_on_one_model(exported, rng):
     exp = exported("treelstm")
     forest = small_forest(exp.cls.signature, rng, trees=30, max_nodes=25)
@@ -469,6 +482,7 @@ def test_threads_on_one_model(exported, rng):
     assert subprocess.run(command, capture_output=True, text=True).returncode == 1
 
 
+@pytest.mark.slow
 def test_a_file_of_two_cells_links_into_one_library(tmp_path, rng):
     source = (EXAMPLES / "treernn.cell").read_text() + "\n" + (EXAMPLES / "dagrnn.cell").read_text()
     cell_file = tmp_path / "two.cell"
@@ -494,6 +508,7 @@ def test_a_file_of_two_cells_links_into_one_library(tmp_path, rng):
     assert run.returncode == 0
 
 
+@pytest.mark.slow
 def test_cpp_serving_example_classifies_trees(tmp_path):
     if shutil.which("g++") is None:
         pytest.skip("needs g++")

@@ -23,7 +23,10 @@ from cortexc.codegen.export import export
 from cortexc.runtime import cpu, safetensors
 from tests.helpers import EXAMPLES, REPO, word_child_sum
 
-pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("gcc") is None, reason="needs make, gcc")
+pytestmark = [
+    pytest.mark.skipif(shutil.which("make") is None or shutil.which("gcc") is None, reason="needs make, gcc"),
+    pytest.mark.slow,
+]
 
 PROBE = REPO / "tests" / "c" / "export_fold_probe.c"
 BINARY_DIMS = {"V": 60, "X": 16, "H": 8}

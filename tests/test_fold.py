@@ -191,6 +191,7 @@ def test_kernel_text_folded_branch_has_no_gemm(tmp_path_factory):
     assert "call->folded[" not in cuda_source
 
 
+@pytest.mark.slow
 def test_sst_dev_trees_fold_bitwise(rng):
     """The SST binary Tree-LSTM at its own size (V=21701, X=300, H=150) on the whole dev set."""
     lines = [line for line in sst_path("dev").read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -96,6 +96,7 @@ def test_a_mutated_cell_compiles_or_fails_with_a_located_error(source):
     _compiles_or_fails_located(source)
 
 
+@pytest.mark.slow
 @settings(max_examples=int(os.environ.get("CORTEXC_FUZZ_EXAMPLES", "500")), **_FUZZ)
 @given(source=mutated_sources())
 def test_many_mutated_cells_compile_or_fail_with_a_located_error(source):

@@ -28,6 +28,8 @@ from tests.test_cuda_split import INVENTED as SPLIT_CELLS
 from tests.test_gate_by_gate import CELLS as GATE_CELLS
 from tests.test_gate_by_gate import gate_forest
 
+pytestmark = pytest.mark.slow
+
 #: IR the builder shares (equal values are one value) where passes rewrite around it: sums over the same
 #: vectors in the same and in another order, a product repeated in two sums, a user's concat equal to the
 #: direct kernel's operand, and both a stacked product and a plain one of the same concat
@@ -147,6 +149,7 @@ def test_invented_cell_inference_matches_the_interpreter_through_either_node_ker
                 assert relative_error(got[key], value) < FORWARD_RTOL, f"{name}.{key} (direct={direct})"
 
 
+@pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_every_invented_cell_compiles_with_nvcc_without_spills(packages):
     sources = sorted({path for module in packages.values() for path in Path(next(iter(module.__path__))).glob("*.cu")})

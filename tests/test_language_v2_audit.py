@@ -42,7 +42,7 @@ def large(tmp_path_factory):
     return cortexc.load(path, out_dir=path.parent / "pkg").Large
 
 
-@pytest.mark.parametrize("device", ["cpu", "cuda-emu"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda-emu", marks=pytest.mark.slow)])
 def test_child_softmax_of_large_finite_scores_is_finite_and_sums_to_one(large, device, rng):
     forest = Forest.concat([Forest.random(8, rng=rng, max_children=5, max_nodes=16), Forest.from_parents([2, 2, -1])])
     n = forest.num_nodes
@@ -202,7 +202,7 @@ def _expected_two_cells(forest: Forest, x: np.ndarray, b: np.ndarray, seed: int)
     }
 
 
-@pytest.mark.parametrize("device", ["interp", "cpu", "cuda-emu"])
+@pytest.mark.parametrize("device", ["interp", "cpu", pytest.param("cuda-emu", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("seed", [0, 2**32 - 1, 2**32, 2**32 + 5, 2**64 - 1, "random"])
 def test_sites_count_per_cell_across_leaf_node_and_outputs(two_cells, device, seed, rng):
     """The contract's sites, node ids (an `at root` output's n is the root's id) and key words (seeds at the
@@ -222,6 +222,7 @@ def test_sites_count_per_cell_across_leaf_node_and_outputs(two_cells, device, se
 
 
 # ------------------------------------------------------------------ the SST example trains the dropout cell
+@pytest.mark.slow
 def test_the_train_sst_example_trains_the_dropout_cell_in_training_mode(tmp_path, monkeypatch):
     """examples/train_sst.py --cell examples/treelstm_dropout.cell: before the fix it asked the module for
     `BinaryTreeLSTM` (an AttributeError) and its steps ran in evaluation mode (no dropout at all). Now every

@@ -59,6 +59,7 @@ def test_a_long_chain_of_statements_compiles_to_shallow_code(tmp_path):
         assert _nesting((tmp_path / "out" / "chain" / kernel).read_text(encoding="utf-8")) < 3 * MAX_INLINE_DEPTH
 
 
+@pytest.mark.slow
 def test_a_chain_deeper_than_the_inline_depth_matches_the_interpreter(tmp_path, rng):
     path = tmp_path / "chain.cell"
     path.write_text(_chain(MAX_INLINE_DEPTH // 2 + 4), encoding="utf-8")

@@ -231,6 +231,7 @@ def test_op_forward_and_backward_against_torch(all_ops, name, device):
         _assert_close(grads[var], expected_grad, f"{device} d{var}")
 
 
+@pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_every_op_compiles_with_nvcc_without_spills(all_ops):
     """Every op's C text and helper (erff, expf, sqrtf, ...) in device code, sm_80 and sm_90, warnings as errors."""

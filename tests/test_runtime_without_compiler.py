@@ -61,6 +61,7 @@ BLOCKED_RUN = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", ["treelstm.cell", "binary_treelstm.cell", "dagrnn.cell"])
 def test_package_runs_cpu_with_the_compiler_blocked(example, tmp_path):
     path = EXAMPLES / example

@@ -126,6 +126,7 @@ def _loss(out, result, roots, labels):
     return (out["h"] ** 2).sum()
 
 
+@pytest.mark.slow
 def test_float_input_gradients_against_per_node_torch(childsum, rng):
     module, reference = jittered(childsum, rng)
     forest = Forest.random(3, rng=rng, max_children=4, max_nodes=10)
@@ -269,6 +270,7 @@ def test_torch_compile_fullgraph_does_not_recompile_after_the_second_size(binary
     assert not counters["graph_break"], dict(counters["graph_break"])
 
 
+@pytest.mark.slow
 def test_a_cell_module_pickles_and_deep_copies(binary, rng, tmp_path):
     module, _ = jittered(binary, rng)
     forest, word = binary_case(rng)
@@ -299,6 +301,7 @@ def _env():
     return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 
 
+@pytest.mark.slow
 def test_import_cortexc_and_the_numpy_api_never_import_torch(binary, rng):
     """torch is an optional extra: importing cortexc, loading a built package and running a model (forward,
     backward) in a fresh process leave torch unimported."""
@@ -472,6 +475,7 @@ def _device_case(cls, rng, sparse: bool = False):
     return on_cpu, emulated.use_backend("cuda-emu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sparse", [False, True])
 def test_the_cuda_host_path_matches_the_cpu_module(binary, childsum, rng, sparse):
     """What `.to("cuda")` runs — torch-allocated results, params and inputs read in place, forest and
@@ -517,6 +521,7 @@ def test_the_cuda_host_path_matches_the_cpu_module(binary, childsum, rng, sparse
         assert _RUNNERS[handle].backend == "cuda-emu" and _RUNNERS[handle].repacks == 2  # once per step
 
 
+@pytest.mark.slow
 def test_the_cuda_host_path_reads_and_writes_torch_s_tensors_in_place(childsum, rng, monkeypatch):
     """Device tensors in and out without a copy: the addresses the host path hands the kernels are the
     params', the float input's and the results' own (torch allocates the results), forward and backward."""
@@ -566,6 +571,7 @@ def _stream_log(lib) -> list[tuple[str, int]]:
     return [(names[op], int(stream)) for op, stream in zip(ops, streams)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["split", "levels"])
 def test_the_cuda_runner_takes_torchs_arch_needs_no_pycuda_and_runs_on_torchs_stream(binary, rng, monkeypatch, mode):
     """The runner `.to("cuda")` makes: the arch from torch (nvcc's -arch), no PyCUDA imported, and every
@@ -665,6 +671,7 @@ def test_a_failed_cuda_call_waits_for_its_stream_before_its_arena_is_reused(chil
     assert events == [("sync", 0x77), ("give_back", 0)]
 
 
+@pytest.mark.slow
 def test_the_numpy_api_on_cuda_runs_on_the_default_stream(binary, rng):
     """The NumPy API (what PyCUDA drives on a GPU) passes no stream: every copy, launch and sync of its calls
     is on the default stream (handle 0), forward and backward."""
@@ -721,6 +728,7 @@ def test_train_and_eval_drive_dropout_with_torch_s_generator(dropout_cell, rng):
     assert relative_error(plain["logits"].detach().numpy(), reference(forest, word=word)["logits"]) < 1e-5
 
 
+@pytest.mark.slow
 def test_opcheck_and_compile_with_dropout_in_training_mode(dropout_cell, rng):
     from torch._dynamo.utils import counters
 
@@ -775,6 +783,7 @@ def _sst_torch_example():
     return example
 
 
+@pytest.mark.slow
 def test_the_train_sst_torch_example_trains_in_train_mode_evaluates_in_eval_mode(tmp_path, monkeypatch, capsys):
     """Two epochs of two steps on 50 SST trees: every training step runs the cell's read-out dropout
     (training mode, with a gradient), every dev/test evaluation runs in evaluation mode under no_grad;
@@ -812,6 +821,7 @@ def test_the_train_sst_torch_example_trains_in_train_mode_evaluates_in_eval_mode
     assert abs(example.root_accuracy(module, dev, vocab) - best) < 1e-4
 
 
+@pytest.mark.slow
 def test_the_train_sst_torch_example_trains_on_two_ddp_ranks(tmp_path):
     """`--ddp 2`: two gloo processes on 127.0.0.1 train one epoch; rank 0 reports and saves."""
     from tests.helpers import sst_path

@@ -28,6 +28,8 @@ from cortexc import Forest  # noqa: E402
 from cortexc.torch import CellModule, ForestBatch  # noqa: E402
 from tests.helpers import EXAMPLES, REPO  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 DIMS = {"V": 30, "X": 6, "H": 5, "C": 3}
 STEPS = 3
 

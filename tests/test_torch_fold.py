@@ -80,6 +80,7 @@ def _same_as_unfolded(module, forest, word):
         module.fold = True
 
 
+@pytest.mark.slow
 def test_folded_inference_is_bitwise_the_unfolded_one(binary, rng):
     folded, plain = _pair(binary, rng)
     for _ in range(3):
@@ -244,6 +245,7 @@ def test_by_default_a_table_is_built_once_inferences_ran_its_rows(binary, rng, m
     assert _builds(folded) == 2
 
 
+@pytest.mark.slow
 def test_opcheck_and_compile_with_fold(binary, rng):
     from torch._dynamo.utils import counters
 
@@ -266,6 +268,7 @@ def test_opcheck_and_compile_with_fold(binary, rng):
     assert not counters["graph_break"], dict(counters["graph_break"])
 
 
+@pytest.mark.slow
 def test_sst_dev_trees_fold_bitwise_through_the_module(rng):
     """The SST binary Tree-LSTM at its own size (V=21701, X=300, H=150) on the whole dev set."""
     lines = [line for line in sst_path("dev").read_text(encoding="utf-8").splitlines() if line.strip()]

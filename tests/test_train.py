@@ -144,6 +144,7 @@ def test_accuracy_and_batches(rng):
     assert sorted(sum(shuffled, [])) == items and [len(b) for b in shuffled] == [25, 25, 3]
 
 
+@pytest.mark.slow
 def test_short_sst_training_run_lowers_the_loss():
     """Binary Tree-LSTM (H = X = 16) on 200 SST train trees, 3 epochs, Adagrad 0.05, batch 25,
     per-node cross-entropy, device="interp": the last epoch's mean loss is below the first's."""
@@ -211,6 +212,7 @@ def test_treebank_rejects_what_it_cannot_cut():
         bank.select([0, 2])
 
 
+@pytest.mark.slow
 def test_the_train_sst_example_runs_a_few_steps_into_its_out_directory(tmp_path, monkeypatch):
     """examples/train_sst.py end to end on a small subset: it writes only into --out, and with no --out nothing."""
     import importlib.util
