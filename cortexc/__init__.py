@@ -26,8 +26,7 @@ from cortexc.errors import (
 from cortexc.runtime.forest import Forest
 from cortexc.runtime.params import init_params
 from cortexc.runtime.vocab import Vocab
-
-__version__ = "0.1.0"
+from cortexc.version import __version__ as __version__
 
 __all__ = [
     "BuildError",
@@ -56,9 +55,9 @@ def load(path: Any, out_dir: Any = None, **dims: int) -> Any:
     cache keyed by the source and dims) and returned as a module whose
     attributes are the cell classes.
     """
-    from cortexc.runtime.loader import load_cell_file
+    from cortexc.pipeline import load_file
 
-    return load_cell_file(path, out_dir, dims)
+    return load_file(path, out_dir, dims)
 
 
 __all__ += ["load"]

@@ -122,11 +122,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     """Compile a cell, run it compiled and (once, with a progress bar) with the reference interpreter on the
     same forest, compare."""
+    from cortexc.pipeline import load_file
     from cortexc.runtime.forest import Forest
-    from cortexc.runtime.loader import load_cell_file
 
     defines = parse_defines(args.define)
-    module = load_cell_file(args.file, None, defines)
+    module = load_file(args.file, None, defines)
     cells = [getattr(module, name).signature for name in module.__all__]
     cell = _pick_cell(cells, args.cell)
     started = time.perf_counter()
@@ -283,7 +283,7 @@ class _DefaultsShown(argparse.HelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from cortexc import __version__
+    from cortexc.version import __version__
 
     parser = argparse.ArgumentParser(prog="cortexc", description="Compiler for recursive neural networks.")
     parser.add_argument("--version", action="version", version=f"cortexc {__version__}")

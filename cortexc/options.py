@@ -99,7 +99,7 @@ class CompileOptions:
     def key(self, source: str, source_file: str) -> str:
         """A digest of everything that shapes the generated files: the source, its file name (it is
         written into the package), the options and the compiler's version."""
-        from cortexc import __version__
+        from cortexc.version import __version__
 
         payload = {
             "source": source,

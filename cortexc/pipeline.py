@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from cortexc.codegen.module import PackageFiles
@@ -285,6 +286,23 @@ def write_package(source: str, file: str, out_dir: str | os.PathLike[str], optio
     from cortexc.codegen.module import install_package
 
     return install_package(Path(out_dir), compile_package(source, file, options))
+
+
+def load_file(
+    path: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None, dims: Mapping[str, int]
+) -> ModuleType:
+    """`cortexc.load`: compile `path` (every target a backend of this machine may run) and import its
+    package; the package goes to `out_dir`, or to the cache under the key of the source and options."""
+    from cortexc.frontend.parser import read_source
+    from cortexc.options import KNOWN_TARGETS
+    from cortexc.runtime.build import cache_dir
+    from cortexc.runtime.loader import import_package
+
+    source = read_source(path)
+    options = CompileOptions.make(dims, targets=KNOWN_TARGETS)
+    if out_dir is None:
+        out_dir = cache_dir() / "packages" / options.key(source, str(path))[:16]
+    return import_package(write_package(source, str(path), out_dir, options))
 
 
 def compile_source(

@@ -26,7 +26,16 @@ from cortexc.runtime.loader import import_package
 from tests.helpers import EXAMPLES, REPO, random_inputs, relative_error
 
 #: what a running package must not need (the compiler and its libraries)
-COMPILER_MODULES = ("cortexc.frontend", "cortexc.passes", "cortexc.codegen", "cortexc.pipeline", "lark", "jinja2")
+COMPILER_MODULES = (
+    "cortexc.frontend",
+    "cortexc.ir",
+    "cortexc.passes",
+    "cortexc.codegen",
+    "cortexc.pipeline",
+    "cortexc.options",
+    "lark",
+    "jinja2",
+)
 
 BLOCKED_RUN = textwrap.dedent(
     """

@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cortexc import __version__
 from cortexc.codegen.render import environment, hoist_window
 from cortexc.codegen.target import TARGETS, Target
 from cortexc.errors import OutputError
@@ -46,6 +45,7 @@ from cortexc.runtime.package import (
     SavedSpec,
     TargetSpec,
 )
+from cortexc.version import __version__
 
 if TYPE_CHECKING:
     from cortexc.pipeline import Rendered

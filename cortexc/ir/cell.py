@@ -15,7 +15,7 @@ from typing import Any
 
 from cortexc.errors import SourceLoc
 from cortexc.ir.ops import CHILD_READ_OPS, Domain, Op, Shape
-from cortexc.runtime.signature import InputSig, StateSig
+from cortexc.runtime.signature import CellSignature, InputSig, StateSig
 
 
 class DType(enum.Enum):
@@ -229,6 +229,12 @@ class Cell:
 
     def param(self, name: str) -> ParamDecl:
         return _find(self.params, name, "param")
+
+    def signature(self) -> CellSignature:
+        """The runtime's view of this cell (`ir.signature.cell_signature`): what the runtime's checks take."""
+        from cortexc.ir.signature import cell_signature
+
+        return cell_signature(self)
 
     def input(self, name: str) -> InputDecl:
         return _find(self.inputs, name, "input")

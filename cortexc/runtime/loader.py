@@ -1,22 +1,16 @@
-"""`cortexc.load`: compile a `.cell` file in process and import the generated package.
-
-`import_package` needs no compiler (a package carries everything the runtime
-reads); `load_cell_file` compiles first, so it imports the pipeline.
-"""
+"""Import a generated package from its directory: it needs no compiler (a package carries everything the
+runtime reads). Compiling a `.cell` file first is the pipeline's `load_file` (`cortexc.load`)."""
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import sys
 import threading
-from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 
 from cortexc.errors import OutputError
-from cortexc.runtime.build import cache_dir
 
 #: held while a package module runs: it is in `sys.modules` before it has run (its relative imports need
 #: that), and another thread must not take it from there half-made. Reentrant: a package may load another.
@@ -52,19 +46,3 @@ def _import(module_name: str, package_dir: Path, init: Path) -> ModuleType:
         del sys.modules[module_name]
         raise
     return module
-
-
-def load_cell_file(
-    path: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None, dims: Mapping[str, int]
-) -> ModuleType:
-    """Compile `path` (every target a backend of this machine may run) and import its package; the
-    package goes to `out_dir`, or to the cache under the key of the source and options."""
-    from cortexc.frontend.parser import read_source
-    from cortexc.options import KNOWN_TARGETS, CompileOptions
-    from cortexc.pipeline import write_package
-
-    source = read_source(path)
-    options = CompileOptions.make(dims, targets=KNOWN_TARGETS)
-    if out_dir is None:
-        out_dir = cache_dir() / "packages" / options.key(source, str(path))[:16]
-    return import_package(write_package(source, str(path), out_dir, options))

@@ -9,17 +9,12 @@ import weakref
 import zipfile
 import zlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from cortexc.errors import CortexcError, InputError
-from cortexc.runtime.signature import CellSignature, ParamSig
-from cortexc.runtime.validate import as_array, signature
-
-if TYPE_CHECKING:
-    from cortexc.ir.cell import Cell
-
+from cortexc.runtime.signature import ParamSig
+from cortexc.runtime.validate import AnyCell, as_array, signature
 
 _HANDED_OVER: dict[int, weakref.ref] = {}  # id -> the array: arrays `load_params` may keep without a copy
 _HANDED_OVER_LOCK = threading.Lock()
@@ -77,7 +72,7 @@ def init_param(decl: ParamSig, rng: np.random.Generator, dtype: type = np.float3
     return np.ascontiguousarray(value, dtype=dtype)
 
 
-def init_params(cell: CellSignature | Cell, seed: int | None = 0, dtype: type = np.float32) -> dict[str, np.ndarray]:
+def init_params(cell: AnyCell, seed: int | None = 0, dtype: type = np.float32) -> dict[str, np.ndarray]:
     """Every param of the cell, initialised in declaration order from one seeded generator."""
     cell = signature(cell)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
@@ -109,7 +104,7 @@ def _read_npz(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
 
 
 def check_params(
-    cell: CellSignature | Cell,
+    cell: AnyCell,
     params: Mapping[str, np.ndarray] | str | os.PathLike[str],
     partial: bool = False,
     dtype: type = np.float32,

@@ -7,7 +7,7 @@ are checked here, vectorised, and the first offending node is named.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
@@ -15,17 +15,21 @@ from cortexc.errors import InputError
 from cortexc.runtime.forest import Forest
 from cortexc.runtime.signature import CellSignature
 
-if TYPE_CHECKING:
-    from cortexc.ir.cell import Cell
+
+class HasSignature(Protocol):
+    """What the checks take besides a signature: a compiler-side cell (the IR's `Cell`), which makes its own
+    (so the runtime imports nothing of the IR)."""
+
+    def signature(self) -> CellSignature: ...
 
 
-def signature(cell: CellSignature | Cell) -> CellSignature:
+#: a cell as the checks and the params take it
+AnyCell = CellSignature | HasSignature
+
+
+def signature(cell: AnyCell) -> CellSignature:
     """The runtime signature of a cell given as a signature or (by compiler-side callers) as IR."""
-    if isinstance(cell, CellSignature):
-        return cell
-    from cortexc.ir.signature import cell_signature
-
-    return cell_signature(cell)
+    return cell if isinstance(cell, CellSignature) else cell.signature()
 
 
 def checked_flag(value: object, name: str) -> bool:
@@ -50,7 +54,7 @@ def as_array(value: object, what: str) -> np.ndarray:
         raise InputError(f"{what} cannot be read as an array ({type(err).__name__}: {err})") from None
 
 
-def check_forest(cell: CellSignature | Cell, forest: Forest) -> None:
+def check_forest(cell: AnyCell, forest: Forest) -> None:
     sig = signature(cell)
     if not isinstance(forest, Forest):
         raise InputError(f"expected a cortexc.Forest, got {type(forest).__name__}")
@@ -58,7 +62,7 @@ def check_forest(cell: CellSignature | Cell, forest: Forest) -> None:
 
 
 def check_inputs(
-    cell: CellSignature | Cell, forest: Forest, inputs: Mapping[str, object], dtype: type = np.float32
+    cell: AnyCell, forest: Forest, inputs: Mapping[str, object], dtype: type = np.float32
 ) -> dict[str, np.ndarray]:
     """The inputs as contiguous arrays: float ones as `dtype` `[N, X]`, index ones as int32 `[N]`."""
     cell = signature(cell)
