@@ -87,6 +87,14 @@ def _host() -> str:
     return f"{model}, {os.cpu_count()} CPUs"
 
 
+def _against_torch(ours: float, impls: dict[str, Any]) -> str:
+    """cortexc's trees/s over each PyTorch peer's of the same run (those that ran)."""
+    peers = (("torch_level_batched", "PyTorch level-batched"), ("torch_per_node", "per node"))
+    return ", ".join(
+        f"{ours / impls[p]['trees_per_s']:.2f}x {label}" for p, label in peers if impls.get(p, {}).get("trees_per_s")
+    )
+
+
 def headline_rows() -> list[tuple[str, str, str, str]]:
     """(what, setting, cortexc, ratios against the peers) for every result file present."""
     rows = []
@@ -98,34 +106,24 @@ def headline_rows() -> list[tuple[str, str, str, str]]:
                 ours = impls.get("compiled", {}).get("trees_per_s")
                 if not ours:
                     continue
-                peers = [
-                    f"{ours / impls[p]['trees_per_s']:.2f}x {label}"
-                    for p, label in (("torch_level_batched", "PyTorch level-batched"), ("torch_per_node", "per node"))
-                    if impls.get(p, {}).get("trees_per_s")
-                ]
                 rows.append(
                     (
                         f"SST inference, binary Tree-LSTM H={result['hidden']}",
                         f"{result['split']}, batch {batch['batch']}",
                         f"{ours:,.0f} trees/s",
-                        ", ".join(peers),
+                        _against_torch(ours, impls),
                     )
                 )
     training = _load("training")
     if training is not None:
         throughput, setup = training["throughput"], training["setup"]
         ours = throughput["cortexc"]["trees_per_s"]
-        peers = [
-            f"{ours / throughput[p]['trees_per_s']:.2f}x {label}"
-            for p, label in (("torch_level_batched", "PyTorch level-batched"), ("torch_per_node", "per node"))
-            if p in throughput
-        ]
         rows.append(
             (
                 f"SST training, binary Tree-LSTM H={setup['H']}",
                 f"train, batch {setup['batch']}, forward + backward + Adagrad",
                 f"{ours:,.0f} trees/s",
-                ", ".join(peers),
+                _against_torch(ours, throughput),
             )
         )
     chain = _load("chain")
@@ -144,15 +142,17 @@ def headline_rows() -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def write_readme(mode: str, seconds: float) -> None:
-    """The README: the headline table and plot, then where each number comes from."""
+def write_readme(mode: str, seconds: float, header: str = "") -> None:
+    """The README: the headline table and plot, then where each number comes from; `header`: the line that
+    names the host and run, kept from the README there (the table made again from the same files)."""
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     load = os.getloadavg()
     lines = [
         "# Benchmark results",
         "",
-        f"Measured {datetime.date.today().isoformat()} on {_host()} (commit {commit.stdout.strip() or '?'}, "
-        f"`python benchmarks/run_all.py --{mode}`, {seconds / 60:.0f} min, 1-min load average {load[0]:.1f} at "
+        header
+        or f"Measured {datetime.date.today().isoformat()} on {_host()} (commit {commit.stdout.strip() or '?'}, "
+        f"`python benchmarks/run_all.py --{mode}`, {seconds / 60:.1f} min, 1-min load average {load[0]:.1f} at "
         "the end). Each ratio is cortexc's speed over a peer's measured in the same run, on this host, with the "
         "same weights and inputs (the benchmarks check the results agree before timing). Higher is better.",
         "",
@@ -203,7 +203,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.readme_only:
         for name, script, arguments in _runs(args.quick, args.threads):
             run(name, script, arguments)
-    write_readme("quick" if args.quick else "full", time.perf_counter() - start)
+    if args.readme_only:  # the table from the files there, under the header of the run that made them
+        header = (
+            (RESULTS / "README.md").read_text(encoding="utf-8").split("\n")[2]
+            if (RESULTS / "README.md").exists()
+            else ""
+        )
+        write_readme("quick" if args.quick else "full", 0.0, header)
+    else:
+        write_readme("quick" if args.quick else "full", time.perf_counter() - start)
     print((RESULTS / "README.md").read_text(encoding="utf-8"))
     return 0
 

@@ -37,6 +37,17 @@ def random_inputs(cell, forest, rng: np.random.Generator, scale: float = 1.0) ->
     return inputs
 
 
+def digest(arrays) -> str:
+    """A SHA-256 of named arrays (their names and bytes, by name): equal digests are bitwise-equal results."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(arrays[name]).tobytes())
+    return h.hexdigest()
+
+
 def relative_error(actual, expected) -> float:
     """Normwise, in float64: max |actual - expected| / max |expected| (0 for empty arrays)."""
     actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)

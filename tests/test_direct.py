@@ -6,7 +6,6 @@ training forward."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from cortexc.options import CompileOptions
 from cortexc.passes.direct import inline_hoisted, stack_products
 from cortexc.pipeline import Source, run_stages
 from tests.helpers import EXAMPLES, REPO, chains, random_inputs, relative_error, sst_path, twin_models
+from tests.helpers import digest as _digest
 
 #: cells whose node kernel has a direct variant: a chain LSTM, the child-sum and the attentive Tree-LSTM
 CELLS = {
@@ -44,14 +44,6 @@ def _programs(file: str, dims: dict[str, int]):
     options = CompileOptions.make(dims, targets=("c", "cuda"))
     (variants,) = run_stages(Source(path.read_text(encoding="utf-8"), str(path)), options, until="target")
     return {v.target: v.program for v in variants}
-
-
-def _digest(result) -> str:
-    h = hashlib.sha256()
-    for name in sorted(result):
-        h.update(name.encode())
-        h.update(np.ascontiguousarray(result[name]).tobytes())
-    return h.hexdigest()
 
 
 def _forest(key: str, rng: np.random.Generator) -> Forest:

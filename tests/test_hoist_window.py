@@ -7,7 +7,6 @@ any thread count, and match the interpreter; a window smaller than a level is re
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import subprocess
@@ -23,6 +22,7 @@ from cortexc.errors import CortexcError
 from cortexc.runtime.cpu import CpuExecutor
 from cortexc.runtime.linearize import linearize
 from tests.helpers import EXAMPLES, REPO, random_inputs, relative_error, twin_models
+from tests.helpers import digest as _digest
 
 #: cells with hoisted input projections: a chain LSTM, a child-sum Tree-LSTM (two hoisted arrays)
 CELLS = {"lstm": ("lstm.cell", {"X": 7, "H": 9}), "treelstm": ("treelstm.cell", {"X": 6, "H": 8})}
@@ -56,14 +56,6 @@ def _mixed_forest(key: str, rng: np.random.Generator) -> Forest:
 
 def _executor(model):
     return model._executor_for_device()
-
-
-def _digest(result: dict[str, np.ndarray]) -> str:
-    h = hashlib.sha256()
-    for name in sorted(result):
-        h.update(name.encode())
-        h.update(np.ascontiguousarray(result[name]).tobytes())
-    return h.hexdigest()
 
 
 @pytest.mark.parametrize("key", list(CELLS))

@@ -4,7 +4,6 @@ the targets were built changes nothing."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 import numpy as np
@@ -17,6 +16,7 @@ from cortexc.runtime.loader import import_package
 from cortexc.runtime.model import load_package
 from cortexc.runtime.package import FORMAT_VERSION, PackageSpec
 from tests.helpers import EXAMPLES, random_inputs, small_forest
+from tests.helpers import digest as _digest
 
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.cell"))
 
@@ -44,14 +44,6 @@ def test_cell_json_reads_back_to_what_was_written(path, tmp_path):
             assert [f.name for f in section.folds] == [f.name for f in program.folds]
             assert [v.name for v in section.saved] == [v.name for v in program.saved]
             assert [k["kernel"] for k in section.schedule] == [k.name for k in program.kernels]
-
-
-def _digest(arrays) -> str:
-    h = hashlib.sha256()
-    for name in sorted(arrays):
-        h.update(name.encode())
-        h.update(np.ascontiguousarray(arrays[name]).tobytes())
-    return h.hexdigest()
 
 
 @pytest.mark.parametrize("example", ["treelstm", "binary_treelstm"])
