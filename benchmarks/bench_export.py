@@ -60,7 +60,7 @@ def main() -> int:
 
     import cortexc
     from cortexc import Forest
-    from cortexc.codegen.export import export
+    from cortexc.export import export
     from cortexc.runtime import safetensors
     from cortexc.runtime.vocab import Vocab
 

@@ -111,7 +111,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from cortexc.codegen.export import export
+    from cortexc.export import export
 
     directory = export(args.file, args.out, parse_defines(args.define), args.params, fold=not args.no_fold)
     files = ", ".join(sorted(p.name for p in directory.iterdir() if p.is_file()))

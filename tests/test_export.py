@@ -19,8 +19,8 @@ import pytest
 import cortexc
 from cortexc import Forest
 from cortexc.cli import main
-from cortexc.codegen.export import export
 from cortexc.errors import CortexcError, InputError
+from cortexc.export import export
 from cortexc.runtime import safetensors
 from cortexc.runtime.validate import check_forest, check_inputs
 from tests.helpers import EXAMPLES, REPO, random_inputs, relative_error, small_forest, sst_path

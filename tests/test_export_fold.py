@@ -19,7 +19,7 @@ import pytest
 import cortexc
 from cortexc import Forest
 from cortexc.cli import main
-from cortexc.codegen.export import export
+from cortexc.export import export
 from cortexc.runtime import cpu, safetensors
 from tests.helpers import EXAMPLES, REPO, word_child_sum
 
