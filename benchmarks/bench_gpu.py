@@ -256,7 +256,7 @@ def torch_peers(params: Mapping[str, np.ndarray], device: str):
 
 def run_worker(args: argparse.Namespace, which: str) -> dict[str, Any]:
     """Check and time the implementations of one worker; their results by name (status, check, batches)."""
-    from cortexc.runtime import reference
+    from cortexc import reference
     from cortexc.runtime.forest import Forest
 
     setup = make_setup(args)

@@ -74,10 +74,10 @@ from benchmarks.peers import (  # noqa: E402
     level_gemm_shapes,
     matmul_roofline,
 )
+from cortexc import reference  # noqa: E402
 from cortexc.errors import CortexcError  # noqa: E402
 from cortexc.frontend import lower_source  # noqa: E402
 from cortexc.ir.cell import Cell  # noqa: E402
-from cortexc.runtime import reference  # noqa: E402
 from cortexc.runtime.forest import Forest  # noqa: E402
 from cortexc.runtime.params import init_params  # noqa: E402
 from cortexc.runtime.vocab import Vocab  # noqa: E402

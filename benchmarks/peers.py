@@ -12,7 +12,7 @@ people run it without a compiler, so cortexc's numbers mean something:
 Both take the same params dict as cortexc (``E, W_iou, b_iou, U_iou, U_f,
 b_f, W_s, b_s`` with the cell's shapes), the same `Forest` and the same word
 ids, and return NumPy ``h``, ``c`` ``[N, H]`` and ``logits`` ``[N, C]`` in the
-forest's node order, so they can be checked against `cortexc.runtime.reference.run`.
+forest's node order, so they can be checked against `cortexc.reference.run`.
 
 `matmul_roofline` and `forward_flops` turn a timing into a fraction of what
 ``torch.matmul`` reaches on the very GEMM shapes a level-batched forward needs.

@@ -148,7 +148,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"  compiled (cpu): {compiled_s * 1e3:9.2f} ms  {forest.num_trees / compiled_s:12,.0f} trees/s")
     if not args.eager:
         return 0
-    from cortexc.runtime import reference
+    from cortexc import reference
 
     ir = getattr(module, cell.name).cell  # what device="interp" runs, compiled from the package's source
     started = time.perf_counter()

@@ -236,7 +236,7 @@ def _forest_tensors(forest: Any) -> dict[str, np.ndarray]:
 
 def _test_data(cell: Cell, params: Mapping[str, np.ndarray]) -> tuple[dict[str, dict[str, np.ndarray]], list[BadCase]]:
     """A forest, its inputs and the interpreter's outputs; bad inputs with the Python runtime's messages."""
-    from cortexc.runtime import reference
+    from cortexc import reference
     from cortexc.runtime.forest import Forest
     from cortexc.runtime.validate import check_forest, check_inputs
 

@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 
 import cortexc
-from cortexc import Forest
+from cortexc import Forest, reference
 from cortexc.errors import CellError, CellTypeError
 from cortexc.frontend import lower_source
 from cortexc.ir.ops import Op
-from cortexc.runtime import reference
 from tests.helpers import EXAMPLES, random_inputs, relative_error, sst_path
 from tests.test_autodiff import INVENTED
 

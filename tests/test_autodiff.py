@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 import cortexc
+from cortexc import reference
 from cortexc.errors import CortexcError, InputError
 from cortexc.ir.ops import LEAF_OPS, Domain, Op
 from cortexc.pipeline import compile_file, compile_source
-from cortexc.runtime import reference
 from cortexc.runtime.forest import Forest
 from tests.helpers import EXAMPLES, children_of, random_inputs, relative_error
 

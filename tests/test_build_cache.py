@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 import cortexc
-from cortexc import Forest
+from cortexc import Forest, reference
 from cortexc.cli import main
-from cortexc.runtime import build, reference
+from cortexc.runtime import build
 from cortexc.runtime.package import PackageSpec
 from tests.helpers import EXAMPLES, REPO, random_inputs
 
@@ -528,7 +528,7 @@ STALE_KERNEL = """
 import sys
 import numpy as np, cortexc
 from cortexc import Forest
-from cortexc.runtime import reference
+from cortexc import reference
 out_dir, path = sys.argv[1], sys.argv[2]
 wide = cortexc.load(path, out_dir, H=9)    # writes OUT/dagrnn/ for H=9
 cortexc.load(path, out_dir, H=7)           # the same directory, now H=7 (smaller: no overflow)

@@ -189,7 +189,7 @@ def test_version_and_python_dash_m():
 
 
 def test_run_runs_the_interpreter_once_or_not_at_all(monkeypatch, capsys):
-    from cortexc.runtime import reference
+    from cortexc import reference
 
     calls = []
     real = reference.run_linearized

@@ -18,9 +18,8 @@ import numpy as np
 import pytest
 
 import cortexc
-from cortexc import Forest, Vocab
+from cortexc import Forest, Vocab, reference
 from cortexc.ir.cell import Structure
-from cortexc.runtime import reference
 from tests.helpers import EXAMPLES, random_inputs, sst_path
 
 TOL = 1e-5

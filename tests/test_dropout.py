@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 
 import cortexc
-from cortexc import Forest
+from cortexc import Forest, reference
 from cortexc.errors import CellTypeError, InputError
 from cortexc.ir.ops import OPS, Op
-from cortexc.runtime import philox, reference
+from cortexc.runtime import philox
 from cortexc.runtime.philox import Dropout, keep_mask, philox4x32
 from tests.helpers import EXAMPLES, REPO, relative_error, sst_path
 

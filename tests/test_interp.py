@@ -14,10 +14,10 @@ import re
 import numpy as np
 import pytest
 
+from cortexc import reference
 from cortexc.errors import ForestError, InputError
 from cortexc.frontend import lower_source
 from cortexc.ir import interp
-from cortexc.runtime import reference
 from cortexc.runtime.forest import Forest
 from cortexc.runtime.params import check_params, init_params
 from tests.helpers import EXAMPLES, children_of, random_inputs, relative_error, sst_path

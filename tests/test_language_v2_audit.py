@@ -1,7 +1,7 @@
 """The version 2 features (`[1]` broadcasting, `v[k]`, `child_softmax`, `dropout`) attacked as a new user
 and a hostile tester would: each test here failed before the fix it names (see docs/architecture.md).
 
-References: the interpreter (`cortexc.runtime.reference` through `device="interp"`) and, where the
+References: the interpreter (`cortexc.reference` through `device="interp"`) and, where the
 contract states a formula, NumPy written here from the contract alone.
 """
 

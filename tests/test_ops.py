@@ -21,12 +21,11 @@ import numpy as np
 import pytest
 
 import cortexc
-from cortexc import Forest
+from cortexc import Forest, reference
 from cortexc.frontend import lower_source
 from cortexc.ir.ops import OPS, STRUCTURAL_OPS, Domain, Op, OpKind
 from cortexc.passes.autodiff import autodiff
 from cortexc.passes.specialize import specialize
-from cortexc.runtime import reference
 from tests.helpers import nvcc_compile as nvcc
 
 torch = pytest.importorskip("torch")

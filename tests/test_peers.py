@@ -21,8 +21,8 @@ from benchmarks.peers import (  # noqa: E402
     level_gemm_shapes,
     matmul_roofline,
 )
+from cortexc import reference  # noqa: E402
 from cortexc.frontend import lower_source  # noqa: E402
-from cortexc.runtime import reference  # noqa: E402
 from cortexc.runtime.forest import Forest  # noqa: E402
 from cortexc.runtime.vocab import Vocab  # noqa: E402
 from tests.helpers import EXAMPLES, relative_error, sst_path  # noqa: E402

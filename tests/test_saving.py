@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import cortexc
+from cortexc import reference
 from cortexc.errors import CortexcError
 from cortexc.ir import interp
 from cortexc.ir.ops import Op
@@ -22,7 +23,6 @@ from cortexc.passes.autodiff import grad_body
 from cortexc.passes.saving import saved_values
 from cortexc.passes.schedule import schedule
 from cortexc.pipeline import Job, Source, compile_file, target_stage
-from cortexc.runtime import reference
 from cortexc.runtime.linearize import linearize
 from cortexc.runtime.params import check_params
 from cortexc.runtime.validate import check_inputs

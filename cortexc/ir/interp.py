@@ -2,7 +2,7 @@
 
 `eval_body` evaluates a body for one node (a `NodeView`: its index, its
 children, the states, inputs and params). Walking a forest, children before
-parents, is the runtime's (`cortexc.runtime.reference`), which also
+parents, is the runtime's (`cortexc.reference`), which also
 validates the forest and inputs, once. Together they are the oracle every
 compiled path is compared with and the "eager" baseline of the benchmarks,
 so they favour being obviously right over being fast.

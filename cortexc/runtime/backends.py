@@ -9,7 +9,7 @@ import their executor module only when used, so that listing the backends
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,9 +47,18 @@ def _cpu(request: ExecutorRequest) -> Executor:
 
 
 def _interp(request: ExecutorRequest) -> Executor:
-    from cortexc.runtime.reference import InterpExecutor
+    from cortexc.reference import InterpExecutor
 
     return InterpExecutor(request.compile_ir)
+
+
+def compile_ir(source: str, source_file: str, defines: Mapping[str, int], name: str) -> Any:
+    """The IR (with gradient bodies) of cell `name` of a package's `.cell` source, which only the interpreter
+    and IR-level tools need (`CellModel.cell`). With `_interp`, the runtime's one way up into the compiler:
+    both go through `cortexc.reference`, above the pipeline (`scripts/layers.py`)."""
+    from cortexc.reference import cell_ir
+
+    return cell_ir(source, source_file, defines, name)
 
 
 def _cuda(request: ExecutorRequest) -> Executor:

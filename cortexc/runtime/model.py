@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from cortexc.errors import CortexcError, InputError, OutputError
-from cortexc.runtime.backends import BACKENDS, ExecutorRequest, backend
+from cortexc.runtime.backends import BACKENDS, ExecutorRequest, backend, compile_ir
 from cortexc.runtime.executor import Executor
 from cortexc.runtime.forest import Forest
 from cortexc.runtime.linearize import linearize
@@ -85,11 +85,8 @@ class _CompiledCell:
     def __get__(self, instance: object, owner: type[CellModel]) -> Cell:
         cached = owner.__dict__.get("_compiled_cell")
         if cached is None:
-            from cortexc.pipeline import compile_source
-
             description = owner._description
-            cells = compile_source(description.source, description.source_file, dict(description.defines))
-            cached = next(c for c in cells if c.name == owner.signature.name)
+            cached = compile_ir(description.source, description.source_file, description.defines, owner.signature.name)
             type.__setattr__(owner, "_compiled_cell", cached)
         return cached
 

@@ -1,4 +1,5 @@
-"""The reference interpreter over a forest, and its executor (``device="interp"``).
+"""The reference interpreter over a forest, and its executor (``device="interp"``): above the compiler, which
+it runs to get the IR (`cell_ir`), and the runtime, which reaches it only through `runtime.backends`.
 
 `cortexc.ir.interp` evaluates one body for one node; this module walks a
 linearized forest with it, children before parents for the forward and
@@ -250,3 +251,12 @@ class InterpExecutor:
         return backward_linearized(
             cell, saved.lin, self._params, saved.inputs, saved.states, upstream, np.float32, saved.dropout
         )
+
+
+def cell_ir(source: str, source_file: str, defines: Mapping[str, int], name: str) -> Cell:
+    """The IR of cell `name` of a `.cell` source, with its gradient bodies: what `device="interp"` runs
+    (a package carries its source and defines; `cortexc.runtime.backends.compile_ir` asks here)."""
+    from cortexc.pipeline import compile_source
+
+    cells = compile_source(source, source_file, dict(defines))
+    return next(c for c in cells if c.name == name)
