@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from cortexc.codegen.target import TARGETS
 from cortexc.errors import CortexcError
 from cortexc.ir.cell import Body, Value
 from cortexc.ir.ops import Domain, Op
@@ -15,7 +16,7 @@ from cortexc.ir.program import Gemm, Loop, Store
 from cortexc.ir.verify import IRVerifyError, verify_cell
 from cortexc.ir.verify_program import ProgramVerifyError, verify_program
 from cortexc.options import KNOWN_TARGETS, CompileOptions
-from cortexc.pipeline import compile_file, compile_package
+from cortexc.pipeline import Source, compile_file, compile_package, run_stages
 from tests.helpers import EXAMPLES, REPO
 
 GOLDEN = REPO / "tests" / "golden"
@@ -38,6 +39,25 @@ def test_ir_dumps_match_the_golden_files(path, tmp_path):
             golden.write_text(text)
         assert golden.exists(), f"no golden file {golden.name}; run with CORTEXC_UPDATE_GOLDEN=1"
         assert text == golden.read_text(), f"{dump.name} differs from its golden file"
+
+
+@pytest.mark.parametrize("stem", ["treernn", "lstm"])
+def test_rendered_kernels_match_the_golden_files(stem):
+    """The rendered C and CUDA of two examples, whole: a change to a template or to what the passes give it
+    shows in review as a diff of these files (`CORTEXC_UPDATE_GOLDEN=1` writes them)."""
+    path = EXAMPLES / f"{stem}.cell"
+    options = CompileOptions.make(targets=KNOWN_TARGETS)
+    rendered = run_stages(Source(path.read_text(), str(path.relative_to(REPO))), options, until="render")
+    names = []
+    for item in rendered:
+        for target, text in item.sources:
+            golden = GOLDEN / f"{item.cell.name}{TARGETS[target].source_suffix}"
+            names.append(golden.name)
+            if os.environ.get("CORTEXC_UPDATE_GOLDEN"):
+                golden.write_text(text)
+            assert golden.exists(), f"no golden file {golden.name}; run with CORTEXC_UPDATE_GOLDEN=1"
+            assert text == golden.read_text(), f"{golden.name} differs from its golden file"
+    assert sorted(names) == sorted(f"{rendered[0].cell.name}{suffix}" for suffix in (".c", ".cu"))
 
 
 def test_printing_is_deterministic():

@@ -22,7 +22,6 @@ class Target:
     name: str
     source_suffix: str
     helper: str  # qualifiers of small math helpers
-    restrict: str
     tile_rows: int  # rows (nodes) per tile inside a kernel
     private_accumulators: bool  # per-tile weight gradients summed per chunk (C) or added atomically (CUDA)
     threads_per_block: int = 1  # CUDA: threads that share a tile
@@ -63,7 +62,6 @@ C = Target(
     name="c",
     source_suffix=".c",
     helper="static inline",
-    restrict="__restrict__",
     tile_rows=32,
     private_accumulators=True,
     column_split=True,
@@ -89,7 +87,6 @@ CUDA = Target(
     name="cuda",
     source_suffix=".cu",
     helper="__device__ inline",
-    restrict="__restrict__",
     gemm_nr=16,
     gemm_mr=1,
     tile_rows=16,

@@ -148,11 +148,6 @@ def schedule_kernel(
     return _kernel(role, rows, body, cell, packed, saved=saved)
 
 
-def phase_of(kernel: Kernel) -> Phase:
-    """The phase that runs a leaf, node or gradient kernel of a level sweep."""
-    return Phase(kernel.name, _SWEEPS[kernel.role])
-
-
 def _gemm_left(body: Body, value: Value) -> tuple[str, bool] | None:
     """The param of a `param @ vector` product (transposed for `transpose(param) @ vector`), else None."""
     left, right = (body.values[a] for a in value.args)

@@ -87,10 +87,6 @@ class EmbeddingSig:
     rows: tuple[str, ...]
 
 
-#: the node sets of `EmbeddingSig.rows`
-EMBEDDING_ROWS = ("leaves", "internal", "all", "roots")
-
-
 @dataclass(frozen=True)
 class CellSignature:
     name: str
