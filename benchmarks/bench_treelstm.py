@@ -406,13 +406,13 @@ def fold_report(model: Any, repeats: int) -> dict[str, Any]:
     once the inferences have looked up as many rows as the table has), its tables' memory and their build
     time (the median of `repeats` rebuilds from the same weights)."""
     executor = model._executor
-    tables = executor.folded_tables(executor._weights) if executor is not None else None
+    tables = executor.folded_tables(executor.weights) if executor is not None else None
     if not tables:
         return {"used": False, "folds": [f.to_json() for f in model._spec.target("c").folds]}
     rebuilds = []
     for _ in range(repeats):
         start = time.perf_counter()
-        executor._build_folds(executor._weights)
+        executor._build_folds(executor.weights)
         rebuilds.append(time.perf_counter() - start)
     return {
         "used": True,

@@ -196,7 +196,7 @@ class _Runner:
         any param a fold reads (its version counter or its storage, as for the packed weights) or a repack
         makes a new weights value, so the executor drops the old tables and counts again."""
         assert isinstance(self.executor, CpuExecutor)
-        packed = self.executor._weights[1]
+        packed = self.executor.weights[1]
         key = tuple((params[i]._version, params[i].data_ptr()) for i in self.fold_positions)
         weights = self._fold_weights
         if weights is None or key != self._fold_key or weights[1] is not packed:
@@ -210,7 +210,7 @@ class _Runner:
         self._packed_key = None
         self._fold_key = self._fold_weights = None
         if isinstance(self.executor, CpuExecutor):
-            self.executor._folded = None  # the tables' memory too (the next inference starts counting anyway)
+            self.executor.forget_folded()
 
     def stream(self) -> int:
         """The cudaStream_t a call goes on: torch's current stream on the runner's GPU (so the kernels run

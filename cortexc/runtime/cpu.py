@@ -460,6 +460,16 @@ class CpuExecutor:
         arrays = [np.ascontiguousarray(params[name], dtype=np.float32) for name in abi.params]
         self._keep_weights(arrays, packed_weights(self.lib, self.section.packed, params))
 
+    @property
+    def weights(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The params and packed weights of the last `set_params`/`repack`, as one value: what `folded_tables`
+        takes, and what a caller keeps to run with them while another thread loads new ones."""
+        return self._weights
+
+    def forget_folded(self) -> None:
+        """Drop the folded tables and their memory; the next inferences count rows again before a build."""
+        self._folded = None
+
     def _keep_weights(self, params: list[np.ndarray], packed: list[np.ndarray]) -> None:
         """Store the weights and their pointer tables (tables first: a call that sees the new weights and the
         old tables only misses the fast path, it never reads the old tables for the new weights)."""
