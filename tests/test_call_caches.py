@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import cortexc.runtime.cpu as cpu
+import cortexc.runtime.threads as cpu_threads
 from cortexc import Forest
 from cortexc.runtime import linearize as linearize_module
 from cortexc.runtime.linearize import linearize
@@ -230,20 +231,20 @@ def test_pointer_tables_follow_load_params(modules, rng):
 
 def test_the_load_reading_is_kept_a_few_ms_then_read_again(tmp_path, monkeypatch):
     loadavg = tmp_path / "loadavg"
-    loadavg.write_text(f"1.00 1.00 1.00 {cpu.CPUS + 5}/200 1\n")  # every CPU taken by others
-    monkeypatch.setattr(cpu, "LOADAVG", str(loadavg))
-    monkeypatch.setattr(cpu, "TASKS", str(tmp_path / "no-tasks"))  # own threads unknown: the spin window
+    loadavg.write_text(f"1.00 1.00 1.00 {cpu_threads.CPUS + 5}/200 1\n")  # every CPU taken by others
+    monkeypatch.setattr(cpu_threads, "LOADAVG", str(loadavg))
+    monkeypatch.setattr(cpu_threads, "TASKS", str(tmp_path / "no-tasks"))  # own threads unknown: the spin window
     now = [1000.0]
-    monkeypatch.setattr(cpu, "time", SimpleNamespace(monotonic=lambda: now[0]))  # cpu's clock only
-    machine = cpu._Machine()
+    monkeypatch.setattr(cpu_threads, "time", SimpleNamespace(monotonic=lambda: now[0]))  # the load reading's clock only
+    machine = cpu_threads._Machine()
     assert machine.free_cpus() == 1
     loadavg.write_text("1.00 1.00 1.00 1/200 1\n")  # only the caller runs now
-    now[0] += cpu.LOAD_REFRESH_S / 2
+    now[0] += cpu_threads.LOAD_REFRESH_S / 2
     assert machine.free_cpus() == 1  # the kept reading
-    now[0] += cpu.LOAD_REFRESH_S
-    assert machine.free_cpus() == cpu.CPUS  # read again
+    now[0] += cpu_threads.LOAD_REFRESH_S
+    assert machine.free_cpus() == cpu_threads.CPUS  # read again
     now[0] -= 10.0  # a clock that went back is no reason to keep a reading
-    loadavg.write_text(f"1.00 1.00 1.00 {cpu.CPUS + 5}/200 1\n")
+    loadavg.write_text(f"1.00 1.00 1.00 {cpu_threads.CPUS + 5}/200 1\n")
     assert machine.free_cpus() == 1
 
 
@@ -251,19 +252,19 @@ def test_a_cpu_seen_free_within_the_window_counts_as_free(tmp_path, monkeypatch)
     """One busy reading (a kernel thread, a short process) does not cap the calls of the next few ms; a
     neighbour busy at every reading of `LOAD_WINDOW_S` does."""
     loadavg = tmp_path / "loadavg"
-    monkeypatch.setattr(cpu, "LOADAVG", str(loadavg))
-    monkeypatch.setattr(cpu, "TASKS", str(tmp_path / "no-tasks"))
+    monkeypatch.setattr(cpu_threads, "LOADAVG", str(loadavg))
+    monkeypatch.setattr(cpu_threads, "TASKS", str(tmp_path / "no-tasks"))
     now = [1000.0]
-    monkeypatch.setattr(cpu, "time", SimpleNamespace(monotonic=lambda: now[0]))
-    machine = cpu._Machine()
+    monkeypatch.setattr(cpu_threads, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    machine = cpu_threads._Machine()
     loadavg.write_text("1.00 1.00 1.00 1/200 1\n")
-    assert machine.free_cpus() == cpu.CPUS
-    loadavg.write_text(f"1.00 1.00 1.00 {cpu.CPUS + 5}/200 1\n")
-    now[0] += 1.5 * cpu.LOAD_REFRESH_S
-    assert machine.free_cpus() == cpu.CPUS  # read again, busy, but a CPU was free a moment ago
+    assert machine.free_cpus() == cpu_threads.CPUS
+    loadavg.write_text(f"1.00 1.00 1.00 {cpu_threads.CPUS + 5}/200 1\n")
+    now[0] += 1.5 * cpu_threads.LOAD_REFRESH_S
+    assert machine.free_cpus() == cpu_threads.CPUS  # read again, busy, but a CPU was free a moment ago
     assert machine.reading[1] == 1  # (that reading)
-    while now[0] < 1000.0 + 2 * cpu.LOAD_REFRESH_S + cpu.LOAD_WINDOW_S:
-        now[0] += 1.5 * cpu.LOAD_REFRESH_S
+    while now[0] < 1000.0 + 2 * cpu_threads.LOAD_REFRESH_S + cpu_threads.LOAD_WINDOW_S:
+        now[0] += 1.5 * cpu_threads.LOAD_REFRESH_S
         machine.free_cpus()
     assert machine.free_cpus() == 1  # busy at every reading of the window
 
@@ -284,12 +285,12 @@ def test_own_runnable_counts_this_process_s_runnable_threads_but_the_caller(tmp_
     _task(tasks, 102, "S", comm="a ) S")
     _task(tasks, 103, "R")
     _task(tasks, 104, "D")
-    assert cpu.own_runnable(str(tasks)) == 2
-    assert cpu.own_runnable(str(tmp_path / "none")) is None
-    for tid in range(200, 200 + cpu.OWN_TASKS_MAX):
+    assert cpu_threads.own_runnable(str(tasks)) == 2
+    assert cpu_threads.own_runnable(str(tmp_path / "none")) is None
+    for tid in range(200, 200 + cpu_threads.OWN_TASKS_MAX):
         _task(tasks, tid, "S")
-    assert cpu.own_runnable(str(tasks)) is None  # too many to read at each reading
-    assert cpu.own_runnable() is not None  # this machine's own /proc/self/task reads (Linux)
+    assert cpu_threads.own_runnable(str(tasks)) is None  # too many to read at each reading
+    assert cpu_threads.own_runnable() is not None  # this machine's own /proc/self/task reads (Linux)
 
 
 def test_own_runnable_threads_are_not_load(tmp_path, monkeypatch):
@@ -298,15 +299,15 @@ def test_own_runnable_threads_are_not_load(tmp_path, monkeypatch):
 
     tasks = tmp_path / "task"
     _task(tasks, threading.get_native_id(), "R")
-    for tid in range(cpu.CPUS):
+    for tid in range(cpu_threads.CPUS):
         _task(tasks, 1000 + tid, "R")
     loadavg = tmp_path / "loadavg"
-    loadavg.write_text(f"1.00 1.00 1.00 {cpu.CPUS + 1}/200 1\n")
-    monkeypatch.setattr(cpu, "LOADAVG", str(loadavg))
-    monkeypatch.setattr(cpu, "TASKS", str(tasks))
-    assert cpu._Machine().free_cpus() == cpu.CPUS
-    loadavg.write_text(f"1.00 1.00 1.00 {2 * cpu.CPUS + 1}/200 1\n")  # and as many of other processes
-    assert cpu._Machine().free_cpus() == 1
+    loadavg.write_text(f"1.00 1.00 1.00 {cpu_threads.CPUS + 1}/200 1\n")
+    monkeypatch.setattr(cpu_threads, "LOADAVG", str(loadavg))
+    monkeypatch.setattr(cpu_threads, "TASKS", str(tasks))
+    assert cpu_threads._Machine().free_cpus() == cpu_threads.CPUS
+    loadavg.write_text(f"1.00 1.00 1.00 {2 * cpu_threads.CPUS + 1}/200 1\n")  # and as many of other processes
+    assert cpu_threads._Machine().free_cpus() == 1
 
 
 # ----------------------------------------------------------------------------- recycled memory of kept arrays

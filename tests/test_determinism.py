@@ -465,15 +465,15 @@ LOAD_WORKER = r"""
 import os, sys
 from pathlib import Path
 import numpy as np
-import cortexc.runtime.cpu as cpu
+import cortexc.runtime.threads as threads
 from cortexc import Forest
 from cortexc.runtime.loader import import_package
 
-cpu.LOADAVG = sys.argv[2]
+threads.LOADAVG = sys.argv[2]
 # none of this process's threads is runnable besides the caller: an OpenMP or BLAS worker still spinning
 # after numpy's or the library's start-up would count against the written runnable count (and so the test
 # failed now and then on a 2-CPU machine); own_runnable has its own test
-cpu.own_runnable = lambda task_dir=None: 0
+threads.own_runnable = lambda task_dir=None: 0
 module = import_package(Path(sys.argv[1]))
 model = getattr(module, module.__all__[0])(device="cpu", seed=0)
 model(Forest.random_dag(20, rng=0), x=np.zeros((20, 12), np.float32))
