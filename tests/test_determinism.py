@@ -482,7 +482,7 @@ print(model._executor_for_device().lib.cx_num_threads())
 
 
 def test_runnable_others_reads_linux_loadavg():
-    from cortexc.runtime.cpu import runnable_others
+    from cortexc.runtime.threads import runnable_others
 
     assert runnable_others(b"0.52 0.41 0.30 3/120 9999\n", 0) == 2
     assert runnable_others(b"0.52 0.41 0.30 3/120 9999\n", 1) == 1
