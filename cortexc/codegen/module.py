@@ -39,9 +39,7 @@ from cortexc.runtime.package import (
     AbiSpec,
     CellSpec,
     DeferredSpec,
-    FoldSpec,
     PackageSpec,
-    PackedSpec,
     SavedSpec,
     TargetSpec,
 )
@@ -102,9 +100,9 @@ def target_spec(program: Program, target: Target, kernel_file: str, text: str) -
     return TargetSpec(
         kernel_file=kernel_file,
         kernel_sha256=hashlib.sha256(text.encode()).hexdigest(),
-        packed=tuple(PackedSpec(w.name, w.params, w.m, w.k, w.transposed, w.blocks) for w in program.packed),
+        packed=program.packed,
         deferred=tuple(DeferredSpec(t.param, t.rows.value, t.m, t.k, t.narrow) for t in program.deferred or ()),
-        folds=tuple(FoldSpec(f.name, f.packed, f.table, f.rows, f.m, f.k) for f in program.folds),
+        folds=program.folds,
         saved=tuple(SavedSpec(v.name, v.width, v.internal) for v in program.saved),
         hoisted_window_rows=window["rows"] if window is not None else 0,
         training_window=training is not None,

@@ -21,6 +21,9 @@ from dataclasses import dataclass, replace
 from cortexc.ir.cell import Body, Cell, Value
 from cortexc.ir.ops import Domain
 
+# the program's packed weights and folds are the package format's values (one definition each)
+from cortexc.runtime.package import Fold, PackedWeight
+
 
 class Rows(enum.Enum):
     """What a kernel's rows are."""
@@ -344,30 +347,6 @@ class Phase:
 
 
 @dataclass(frozen=True)
-class PackedWeight:
-    """Params as one block matrix, packed once at load time for the GEMM micro-kernel: `blocks` block rows
-    stacked by rows, each of ``blocks[i]`` params side by side (the next ones of `params`, in order).
-    The products of one GEMM group each make a block row: ``P @ v`` one of one param, the direct node
-    kernel's ``[P_1 | P_2] @ concat(a, b)`` (`passes.direct`) one of several; two such sums over the
-    same vectors share one operand and so one weight ``[[P_1 | P_2]; [Q_1 | Q_2]]``."""
-
-    name: str
-    params: tuple[str, ...]
-    m: int
-    k: int
-    transposed: tuple[bool, ...]  # per param: pack its transpose (backward products W^T @ g)
-    blocks: tuple[int, ...]  # per block row: how many params side by side (they sum to len(params))
-
-    def block_rows(self) -> list[list[tuple[str, bool]]]:
-        """The (param, transposed) pairs of each block row, left to right."""
-        rows, start = [], 0
-        for count in self.blocks:
-            rows.append(list(zip(self.params[start : start + count], self.transposed[start : start + count])))
-            start += count
-        return rows
-
-
-@dataclass(frozen=True)
 class DeferredOuter:
     """A weight-gradient term a target computes after the recursion instead of per tile: the `AccumOuter`
     at ``steps[step]`` of kernel ``kernel`` only keeps its factors' rows (one per node position, or per
@@ -382,20 +361,6 @@ class DeferredOuter:
     k: int
     rows: RowKind
     narrow: bool = False
-
-
-@dataclass(frozen=True)
-class Fold:
-    """A GEMM of a table row folded into a table (`cortexc.passes.fold`): ``E[idx] @ concat(weights)^T``
-    depends on the row only, so with the params fixed the product is row ``idx`` of `E @ W^T` (`rows` x `m`),
-    computed once by the package's own `cx_fold` with packed weight `packed`, over every row of `table`."""
-
-    name: str  # by which `Gemm.fold` names it; its index in `Program.folds` is its slot in `cx_call.folded`
-    packed: str  # the packed weight of the GEMMs it replaces
-    table: str  # the param looked up (E); each GEMM reads the row its own index input chooses
-    rows: int  # V: rows of the table
-    m: int  # columns of the folded table (the GEMM's m)
-    k: int  # columns of E
 
 
 @dataclass(frozen=True)

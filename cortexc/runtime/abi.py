@@ -21,7 +21,7 @@ import numpy as np
 from cortexc.errors import CortexcError
 
 if TYPE_CHECKING:
-    from cortexc.runtime.package import PackedSpec
+    from cortexc.runtime.package import PackedWeight
 
 
 @dataclass(frozen=True)
@@ -148,10 +148,10 @@ def aligned_empty(shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.n
 
 
 def packed_weights(
-    lib: ctypes.CDLL, packed: Sequence[PackedSpec], params: Mapping[str, np.ndarray]
+    lib: ctypes.CDLL, packed: Sequence[PackedWeight], params: Mapping[str, np.ndarray]
 ) -> list[np.ndarray]:
     """Every GEMM weight a target's program names (its section's `packed`): its block rows
-    (`PackedSpec.blocks`: params side by side, each transposed where the backward multiplies by W^T)
+    (`PackedWeight.blocks`: params side by side, each transposed where the backward multiplies by W^T)
     stacked by rows, and packed into panels by the library's own `cx_pack_weight`, on the host. The one
     packing routine: the CPU executor keeps the result, the device executor uploads it."""
     lib.cx_packed_floats.argtypes = [ctypes.c_int, ctypes.c_int]
@@ -160,9 +160,9 @@ def packed_weights(
     lib.cx_pack_weight.restype = None
     packed_all = []
     for weight in packed:
-        parts = [params[p].T if t else params[p] for p, t in zip(weight.params, weight.transposed)]
-        starts = np.cumsum([0, *weight.blocks])
-        block_rows = [np.concatenate(parts[a:b], axis=1) for a, b in zip(starts[:-1], starts[1:])]
+        block_rows = [
+            np.concatenate([params[p].T if t else params[p] for p, t in row], axis=1) for row in weight.block_rows()
+        ]
         stacked = np.ascontiguousarray(np.concatenate(block_rows, axis=0), dtype=np.float32)
         array = aligned_empty(int(lib.cx_packed_floats(weight.m, weight.k)))
         lib.cx_pack_weight(stacked.ctypes.data, weight.m, weight.k, array.ctypes.data)

@@ -2,10 +2,12 @@
 
 The compiler (`cortexc.codegen.module`) builds a `PackageSpec` and writes `to_json()`; the runtime reads it
 back with `PackageSpec.from_json` and every reader uses attributes, so a misspelt field is a mypy error,
-not a `KeyError` at run time. What differs by target (its kernel file, packed weights, deferred weight
-gradients, folds, saved activations, hoisting window, schedule) is in that target's own `TargetSpec`:
-an executor reads its own section, never another target's. Facts about the compiled program that the
-runtime needs are written here by the compiler, never re-derived from the schedule.
+not a `KeyError` at run time. Two of these are the compiler's own values too (`PackedWeight` and `Fold`,
+which `ir.program` uses), so the package carries what the program holds, with no copy to keep in step.
+What differs by target (its kernel file, packed weights, deferred weight gradients, folds, saved
+activations, hoisting window, schedule) is in that target's own `TargetSpec`: an executor reads its own
+section, never another target's. Facts about the compiled program that the runtime needs are written here
+by the compiler, never re-derived from the schedule.
 
 This module imports nothing of the compiler: it is the ground floor that both sides share.
 """
@@ -32,9 +34,13 @@ def _strs(values: Any) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class PackedSpec:
-    """A GEMM weight the runtime packs from the params (`PackedWeight`): `blocks` block rows stacked by
-    rows, each of ``blocks[i]`` of the params side by side, each transposed where `transposed` says."""
+class PackedWeight:
+    """A GEMM weight: params as one block matrix, packed once at load time
+    for the GEMM micro-kernel. `blocks` block rows stacked by rows, each of ``blocks[i]`` params side by side
+    (the next ones of `params`, in order), each transposed where `transposed` says (backward products
+    ``W^T @ g``). The products of one GEMM group each make a block row: ``P @ v`` one of one param, the
+    direct node kernel's ``[P_1 | P_2] @ concat(a, b)`` (`passes.direct`) one of several; two such sums over
+    the same vectors share one operand and so one weight ``[[P_1 | P_2]; [Q_1 | Q_2]]``."""
 
     name: str
     params: tuple[str, ...]
@@ -42,6 +48,14 @@ class PackedSpec:
     k: int
     transposed: tuple[bool, ...]
     blocks: tuple[int, ...]
+
+    def block_rows(self) -> list[list[tuple[str, bool]]]:
+        """The (param, transposed) pairs of each block row, left to right."""
+        rows, start = [], 0
+        for count in self.blocks:
+            rows.append(list(zip(self.params[start : start + count], self.transposed[start : start + count])))
+            start += count
+        return rows
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -54,7 +68,7 @@ class PackedSpec:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> PackedSpec:
+    def from_json(cls, data: Mapping[str, Any]) -> PackedWeight:
         transposed = tuple(bool(t) for t in data["transposed"])
         return cls(
             str(data["name"]), _strs(data["params"]), int(data["m"]), int(data["k"]), transposed, _ints(data["blocks"])
@@ -81,15 +95,18 @@ class DeferredSpec:
 
 
 @dataclass(frozen=True)
-class FoldSpec:
-    """A look-up's projection folded into a table (`Fold`): `table` @ the packed weight `packed`^T."""
+class Fold:
+    """A GEMM of a table row folded into a table (`cortexc.passes.fold`):
+    ``E[idx] @ concat(weights)^T`` depends on the row only, so with the params fixed the product is row
+    ``idx`` of `E @ W^T` (`rows` x `m`), computed once by the package's own `cx_fold` with packed weight
+    `packed`, over every row of `table`."""
 
-    name: str
-    packed: str
-    table: str
-    rows: int
-    m: int
-    k: int
+    name: str  # by which `Gemm.fold` names it; its index in `Program.folds` is its slot in `cx_call.folded`
+    packed: str  # the packed weight of the GEMMs it replaces
+    table: str  # the param looked up (E); each GEMM reads the row its own index input chooses
+    rows: int  # V: rows of the table
+    m: int  # columns of the folded table (the GEMM's m)
+    k: int  # columns of E
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -102,7 +119,7 @@ class FoldSpec:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> FoldSpec:
+    def from_json(cls, data: Mapping[str, Any]) -> Fold:
         return cls(
             str(data["name"]),
             str(data["packed"]),
@@ -139,9 +156,9 @@ class TargetSpec:
 
     kernel_file: str
     kernel_sha256: str
-    packed: tuple[PackedSpec, ...]  # in the order the kernels index `cx_call.packed`
+    packed: tuple[PackedWeight, ...]  # in the order the kernels index `cx_call.packed`
     deferred: tuple[DeferredSpec, ...]  # in the order of `cx_call.deferred`
-    folds: tuple[FoldSpec, ...]  # in the order of `cx_call.folded`
+    folds: tuple[Fold, ...]  # in the order of `cx_call.folded`
     saved: tuple[SavedSpec, ...]  # in the order of `cx_call.saved`
     hoisted_window_rows: int  # an inference hoists a window of this many rows at a time (0: all at once)
     training_window: bool  # a training forward may too (its backward then reads no hoisted row)
@@ -167,9 +184,9 @@ class TargetSpec:
         return cls(
             kernel_file=str(data["kernel_file"]),
             kernel_sha256=str(data["kernel_sha256"]),
-            packed=tuple(PackedSpec.from_json(w) for w in data["packed"]),
+            packed=tuple(PackedWeight.from_json(w) for w in data["packed"]),
             deferred=tuple(DeferredSpec.from_json(t) for t in data["deferred"]),
-            folds=tuple(FoldSpec.from_json(f) for f in data["folds"]),
+            folds=tuple(Fold.from_json(f) for f in data["folds"]),
             saved=tuple(SavedSpec.from_json(s) for s in data["saved"]),
             hoisted_window_rows=int(data["hoisted_window_rows"]),
             training_window=bool(data["training_window"]),
@@ -293,10 +310,10 @@ __all__ = [
     "AbiSpec",
     "CellSpec",
     "DeferredSpec",
-    "FoldSpec",
+    "Fold",
     "FormatError",
     "PackageSpec",
-    "PackedSpec",
+    "PackedWeight",
     "SavedSpec",
     "TargetSpec",
 ]
