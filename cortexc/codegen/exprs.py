@@ -10,12 +10,11 @@ operands. The same text serves C and CUDA.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 
 from cortexc.ir.cell import Cell, Value
-from cortexc.ir.ops import OPS, Op, OpDef
-from cortexc.ir.program import Adjoints, Kernel, PlaceKind, RowKind, row_kind, slice_offset, width
+from cortexc.ir.ops import OPS, OpDef
+from cortexc.ir.program import Adjoints, Kernel, PlaceKind, RowKind, row_kind, width
 
 
 def _form(definition: OpDef, inline: bool) -> tuple[str, str, tuple[str, ...]]:
@@ -37,19 +36,6 @@ def c_helpers(kernels: Iterable[Kernel]) -> list[str]:
             if (op, inline) in used and helper:
                 helpers.extend(h for h in (*needs, helper) if h not in helpers)
     return helpers
-
-
-def c_text(op: Op, inline: bool) -> str:
-    """The C text of an elementwise op in a kernel with (or without) `Kernel.inline_gates`."""
-    return _form(OPS[op], inline)[0]
-
-
-def float_literal(value: float) -> str:
-    if math.isnan(value):
-        return "NAN"
-    if math.isinf(value):
-        return "INFINITY" if value > 0 else "(-INFINITY)"
-    return f"{float(value)!r}f"
 
 
 def param_symbol(name: str) -> str:
@@ -120,82 +106,68 @@ class KernelExprs:
         if place.kind == PlaceKind.BUFFER:
             offset = f"{place.column} + {col}" if place.column else col
             return f"{place.buffer}[({row}) * {self.buffer_width[place.buffer]} + {offset}]"
-        if place.kind == PlaceKind.SOURCE:
-            return self._source(value, rows, row, col)
-        return self.compute(index, rows, row, col)
+        return OPS[value.op].c_rule(_Element(self, value, rows, row, col), value)
 
     def address(self, index: int, rows: RowKind, row: str) -> str:
         """A pointer to the row's first element (GEMM and small-matmul operands)."""
         return f"&{self.ref(index, rows, row, '0')}"
 
     def compute(self, index: int, rows: RowKind, row: str, col: str) -> str:
-        """The value's own expression (how a materialising loop computes it)."""
+        """The value's own expression (how a materialising loop computes it): its op's C rule."""
         value = self.values[index]
         if row_kind(value) == RowKind.NODE and rows == RowKind.CHILD:
             rows, row = RowKind.NODE, f"er[{row}]"
         if width(value) == 1:  # a scalar or a [1] vector: broadcast to every column of its user
             col = "0"
-        op = value.op
-        if op == Op.CONST:
-            return float_literal(value.attr("value"))
-        if op == Op.SLICE:
-            return self.ref(value.args[0], rows, row, f"{col} + {self._slice_offset(value)}")
-        if op == Op.EXPAND:
-            return self.ref(value.args[0], rows, row, col)
-        if op == Op.TRANSPOSE:  # element (i, j) of the [K, M] transpose is (j, i) of the [M, K] matrix
-            m, k = self.values[value.args[0]].shape
-            return self.ref(value.args[0], rows, row, f"(({col}) % {m}) * {k} + ({col}) / {m}")
-        if op == Op.OUTER:
-            k = value.shape[1]
-            a, b = value.args
-            return f"({self.ref(a, rows, row, f'({col}) / {k}')} * {self.ref(b, rows, row, f'({col}) % {k}')})"
-        if op == Op.PAD:
-            arg = self.values[value.args[0]]
-            lo, size = slice_offset(arg, value.attr("lo")), width(arg)
-            inner = self.ref(value.args[0], rows, row, f"({col}) - {lo}")
-            return f"(({col}) >= {lo} && ({col}) < {lo + size} ? {inner} : 0.0f)"
-        operands = [self.ref(arg, rows, row, col) for arg in value.args]
-        definition = OPS[op]
-        if definition.c_identity is not None and not self.train:
-            return operands[0]
-        if definition.c_identity is not None:  # the element's identity: its index, node id and child slot
-            node_row = f"er[{row}]" if rows == RowKind.CHILD else row
-            slot = f"1 + ({row}) - eb[er[{row}]]" if rows == RowKind.CHILD else "0"
-            where = {"elem": col, "node": f"nd[{node_row}]", "slot": slot}
-            return definition.c.format(*operands, **where, **definition.c_identity(dict(value.attrs)))
-        return c_text(op, self.kernel.inline_gates).format(*operands)
+        return OPS[value.op].c_rule(_Element(self, value, rows, row, col), value)
 
-    def _slice_offset(self, value: Value) -> int:
-        """Where a slice starts in its base's flattened row (rows of a matrix count whole rows)."""
-        return slice_offset(self.values[value.args[0]], value.attr("lo"))
 
-    def _source(self, value: Value, rows: RowKind, row: str, col: str) -> str:
-        op = value.op
-        if op == Op.CONST:
-            return float_literal(value.attr("value"))
-        if op == Op.PARAM:
-            return f"{param_symbol(value.name)}[{col}]"
-        if op == Op.SLICE:
-            return self.ref(value.args[0], rows, row, f"{col} + {self._slice_offset(value)}")
-        if op == Op.NUM_CHILDREN:
-            return f"(float)(eb[{row} + 1] - eb[{row}])"
-        if op == Op.EMBED:
-            table, index = (self.values[a] for a in value.args)
-            position = f"(int64_t){input_symbol(index.name)}[nd[{row}]]"
-            return f"{param_symbol(table.name)}[{position} * {table.shape[1]} + {col}]"
-        row_width = width(value)
-        if op == Op.INPUT:
-            return f"{input_symbol(value.name)}[nd[{row}] * {row_width} + {col}]"
-        if op == Op.STATE:
-            return f"{state_symbol(value.name)}[nd[{row}] * {row_width} + {col}]"
-        if op == Op.CHILD_STATE:
-            return f"{state_symbol(value.name)}[ch[{row}] * {row_width} + {col}]"
-        if op == Op.CHILD_STATE_AT:
-            return f"{state_symbol(value.name)}[kid{value.attr('k')}[{row}] * {row_width} + {col}]"
-        if op == Op.HOISTED:
-            return f"{hoisted_symbol(value.name)}[(pre_base + {row}) * {row_width} + {col}]"
-        if op == Op.ADJOINT:
-            return self.adjoint(value.name, row, row_width, col)
-        if op == Op.SAVED:
-            return f"{self.saved_row(value.name, row)}[{value.attr('column')} + {col}]"
-        raise NotImplementedError(f"no source read for {op}")  # pragma: no cover
+#: the symbol of each forest array an op's C rule reads (`Emitter.read`)
+_ARRAYS = {"input": input_symbol, "state": state_symbol, "pre": hoisted_symbol}
+
+
+class _Element:
+    """One element of one value in one row of a kernel's loop, as an op's C rule sees it (`ir.ops.Emitter`)."""
+
+    def __init__(self, exprs: KernelExprs, value: Value, rows: RowKind, row: str, col: str):
+        self.exprs, self.value, self.rows, self.row, self.col = exprs, value, rows, row, col
+        self.train = exprs.train
+        self.inline_gates = exprs.kernel.inline_gates
+
+    def arg(self, position: int, col: str | None = None) -> str:
+        return self.exprs.ref(self.value.args[position], self.rows, self.row, self.col if col is None else col)
+
+    def arg_value(self, position: int) -> Value:
+        return self.exprs.values[self.value.args[position]]
+
+    def read(self, array: str, name: str, row: str, width: int) -> str:
+        if row == "node":
+            at = f"nd[{self.row}]"
+        elif row == "child":
+            at = f"ch[{self.row}]"
+        elif row == "pre":
+            at = f"(pre_base + {self.row})"
+        else:  # kid<k>: child k of this node
+            at = f"{row}[{self.row}]"
+        return f"{_ARRAYS[array](name)}[{at} * {width} + {self.col}]"
+
+    def param(self, name: str, offset: str) -> str:
+        return f"{param_symbol(name)}[{offset}]"
+
+    def index(self, name: str) -> str:
+        return f"(int64_t){input_symbol(name)}[nd[{self.row}]]"
+
+    def adjoint(self, name: str, width: int) -> str:
+        return self.exprs.adjoint(name, self.row, width, self.col)
+
+    def saved(self, name: str, column: int) -> str:
+        return f"{self.exprs.saved_row(name, self.row)}[{column} + {self.col}]"
+
+    def num_children(self) -> str:
+        return f"(float)(eb[{self.row} + 1] - eb[{self.row}])"
+
+    def node(self) -> str:
+        return f"nd[er[{self.row}]]" if self.rows == RowKind.CHILD else f"nd[{self.row}]"
+
+    def slot(self) -> str:
+        return f"1 + ({self.row}) - eb[er[{self.row}]]" if self.rows == RowKind.CHILD else "0"

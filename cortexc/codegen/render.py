@@ -29,7 +29,7 @@ from cortexc.codegen.exprs import (
     state_symbol,
 )
 from cortexc.codegen.target import Target
-from cortexc.ir.cell import Cell
+from cortexc.ir.cell import Cell, Value
 from cortexc.ir.ops import ELEMENTWISE_OPS, OPS, Op
 from cortexc.ir.program import (
     AccumOuter,
@@ -44,11 +44,10 @@ from cortexc.ir.program import (
     PlaceKind,
     Program,
     Reduce,
+    Row,
     RowKind,
     Rows,
-    RowSum,
     SmallMatmul,
-    Softmax,
     Store,
     StoreMode,
     StoreTarget,
@@ -608,6 +607,29 @@ def _pad_spans(kernel: Kernel, index: int, loop_width: int) -> list[tuple[int, i
     return list(zip(ends, ends[1:]))
 
 
+def _row_context(exprs: KernelExprs, value: Value, step: Row) -> dict[str, Any]:
+    """A row op's passes (`ir.ops.RowOp`) as C: its operands' element j in each text."""
+    row = OPS[value.op].row
+    assert row is not None  # a Row step is made for row ops only
+    operands = [exprs.ref(arg, step.rows, "i", "j") for arg in value.args]
+    passes = []
+    for p in row.passes:
+        update = p.update.format(*operands)
+        passes.append(f"{{ out_row[j] = {p.store.format(*operands)}; {update}; }}" if p.store else f"{update};")
+    return {
+        "kind": "row",
+        "doc": f"{step.out} = {value.op.value}({', '.join(f'%{a}' for a in value.args)}) per row",
+        "count": _count(step.rows),
+        "out": step.out,
+        "width": step.width,
+        "accumulators": ", ".join(f"{name} = {init}" for name, init in row.accumulators),
+        "passes": passes,
+        "setup": row.setup,
+        "element": row.element.format(*operands),
+        "scalar": row.scalar,
+    }
+
+
 def _step_context(exprs: KernelExprs, kernel: Kernel, step) -> dict[str, Any]:
     values = kernel.body.values
     if isinstance(step, Gemm):
@@ -637,17 +659,17 @@ def _step_context(exprs: KernelExprs, kernel: Kernel, step) -> dict[str, Any]:
         }
     if isinstance(step, Reduce):
         value = values[step.value]
-        arg = exprs.ref(value.args[0], RowKind.CHILD, "e", "j")
-        op = value.op
+        reduce = OPS[value.op].reduce
+        assert reduce is not None  # a Reduce step is made for reductions only
         return {
             "kind": "reduce",
-            "doc": f"{step.out} = {op.value} over children of %{value.args[0]}",
+            "doc": f"{step.out} = {value.op.value} over children of %{value.args[0]}",
             "out": step.out,
             "width": step.width,
-            "init": "-FLT_MAX" if op == Op.MAX else "0.0f",
-            "op": "max" if op == Op.MAX else "add",
-            "arg": arg,
-            "mean": op == Op.MEAN,
+            "init": reduce.init,
+            "op": reduce.combine,
+            "arg": exprs.ref(value.args[0], RowKind.CHILD, "e", "j"),
+            "mean": reduce.mean,
         }
     if isinstance(step, ChildSoftmax):
         value = values[step.value]
@@ -658,18 +680,8 @@ def _step_context(exprs: KernelExprs, kernel: Kernel, step) -> dict[str, Any]:
             "width": step.width,
             "arg": exprs.ref(value.args[0], RowKind.CHILD, "e", "j"),
         }
-    if isinstance(step, Softmax):
-        value = values[step.value]
-        return {
-            "kind": "softmax",
-            "doc": f"{step.out} = {value.op.value}(%{value.args[0]})",
-            "count": _count(step.rows),
-            "out": step.out,
-            "width": step.width,
-            "x": exprs.ref(value.args[0], step.rows, "i", "j"),
-            "row_setup": OPS[value.op].c_row_setup,
-            "element": OPS[value.op].c.format(exprs.ref(value.args[0], step.rows, "i", "j")),
-        }
+    if isinstance(step, Row):
+        return _row_context(exprs, values[step.value], step)
     if isinstance(step, SmallMatmul):
         value = values[step.value]
         a, b = value.args
@@ -684,16 +696,7 @@ def _step_context(exprs: KernelExprs, kernel: Kernel, step) -> dict[str, Any]:
             "a": exprs.ref(a, step.rows, "i", f"p * {step.k} + r"),
             "b": exprs.ref(b, step.rows, "i", f"r * {step.n} + q" if step.n > 1 else "r"),
         }
-    if isinstance(step, RowSum):
-        value = values[step.value]
-        return {
-            "kind": "rowsum",
-            "doc": f"{step.out} = sum of the elements of %{value.args[0]}",
-            "count": _count(step.rows),
-            "out": step.out,
-            "width": step.width,
-            "x": exprs.ref(value.args[0], step.rows, "i", "j"),
-        }
+
     if isinstance(step, AccumOuter):
         return {
             "kind": "accum_outer",

@@ -14,13 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cortexc.errors import SourceLoc
-from cortexc.ir.ops import CHILD_READ_OPS, Domain, Op, Shape
+from cortexc.ir.ops import CHILD_READ_OPS, Domain, DType, Op, Shape
 from cortexc.runtime.signature import CellSignature, InputSig, StateSig
-
-
-class DType(enum.Enum):
-    F32 = "f32"
-    I32 = "i32"
 
 
 @dataclass(frozen=True)

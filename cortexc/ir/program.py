@@ -15,11 +15,11 @@ the program's `forward` and `backward` phases, which every driver renders.
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, replace
 
 from cortexc.ir.cell import Body, Cell, Value
-from cortexc.ir.ops import Domain
+from cortexc.ir.ops import Domain, width
+from cortexc.ir.ops import slice_offset as slice_offset  # the program's users read it here too
 
 # the program's packed weights and folds are the package format's values (one definition each)
 from cortexc.runtime.package import Fold, PackedWeight
@@ -41,11 +41,6 @@ class RowKind(enum.Enum):
     CHILD = "child"
 
 
-def width(value: Value) -> int:
-    """Floats in one row of a value (its elements flattened; 1 for a scalar)."""
-    return math.prod(value.shape) if value.shape else 1
-
-
 def hoisted_widths(cell: Cell) -> list[int]:
     """Floats in one row of each hoisted array (the pre body's named results, in order; none without one)."""
     return [width(cell.pre.values[i]) for _, i in cell.pre.named_results] if cell.pre else []
@@ -54,12 +49,6 @@ def hoisted_widths(cell: Cell) -> list[int]:
 def row_kind(value: Value) -> RowKind:
     """A per-child value has a row per child edge of the tile; anything else a row per node."""
     return RowKind.CHILD if value.domain == Domain.CHILD else RowKind.NODE
-
-
-def slice_offset(base: Value, lo: int) -> int:
-    """Where part ``lo`` of `base` starts in its flattened row: element ``lo`` of a vector, row ``lo`` of a
-    matrix (slices of matrices are made by autodiff for concatenations)."""
-    return lo * (width(base) // base.shape[0])
 
 
 class PlaceKind(enum.Enum):
@@ -138,12 +127,13 @@ class ChildSoftmax:
 
 
 @dataclass(frozen=True)
-class Softmax:
+class Row:
+    """A row op (`ir.ops.RowOp`: softmax, a row sum) over each row's `width` elements of its operand."""
+
     value: int
     out: str
     rows: RowKind
-    width: int
-    log: bool
+    width: int  # of the operand's row
 
 
 @dataclass(frozen=True)
@@ -156,16 +146,6 @@ class SmallMatmul:
     m: int
     k: int
     n: int  # 1 for a matrix-vector product
-
-
-@dataclass(frozen=True)
-class RowSum:
-    """`out[row] = sum of every element of value(row)` (a per-row scalar)."""
-
-    value: int
-    out: str
-    rows: RowKind
-    width: int  # of the summed value
 
 
 class StoreTarget(enum.Enum):
@@ -235,7 +215,7 @@ class AccumSum:
     width: int
 
 
-Step = Gemm | Loop | Reduce | ChildSoftmax | Softmax | SmallMatmul | RowSum | Store | AccumOuter | AccumSum
+Step = Gemm | Loop | Reduce | ChildSoftmax | Row | SmallMatmul | Store | AccumOuter | AccumSum
 
 
 @dataclass(frozen=True)

@@ -8,18 +8,7 @@ from __future__ import annotations
 
 from cortexc.errors import CortexcError
 from cortexc.ir.cell import Body, BodyKind, Cell, DType, Gradients, GradKind, GradTarget, Value
-from cortexc.ir.ops import (
-    OPS,
-    REDUCE_OPS,
-    Domain,
-    Op,
-    Shape,
-    ShapeError,
-    concat_shape,
-    matmul_shape,
-    pad_shape,
-    slice_shape,
-)
+from cortexc.ir.ops import OPS, Domain, Op, Shape, ShapeError
 from cortexc.ir.printer import format_value
 
 
@@ -104,9 +93,10 @@ def _verify_body(cell: Cell, body: Body, kind: BodyKind, where: str, role: BodyK
     if body.kind != kind:
         raise IRVerifyError(f"{where}: body kind {body.kind} where {kind} was expected")
     role = role or kind
+    context = _Context(cell, body, role)
     for index, value in enumerate(body.values):
         try:
-            _verify_value(cell, body, index, value, role)
+            _verify_value(context, body, index, value)
         except (ShapeError, KeyError, IRVerifyError) as err:
             raise IRVerifyError(f"{where}: {err}\n    {format_value(index, value)}") from None
     for name, index in body.results:
@@ -142,115 +132,44 @@ def _expect(condition: bool, message: str) -> None:
         raise IRVerifyError(message)
 
 
-def _verify_value(cell: Cell, body: Body, index: int, value: Value, role: BodyKind) -> None:
+class _Context:
+    """What the type rules may ask (`cortexc.ir.ops.TypeContext`) of the cell and the body being verified."""
+
+    def __init__(self, cell: Cell, body: Body, role: BodyKind):
+        self.cell = cell
+        self.node_body = role == BodyKind.NODE
+        self.output_body = role == BodyKind.OUTPUT
+        self.gradient = body.kind == BodyKind.GRAD
+        self.arity = cell.arity
+
+    def param_shape(self, name: str) -> Shape:
+        return self.cell.param(name).shape
+
+    def input_decl(self, name: str) -> tuple[Shape, DType]:
+        decl = self.cell.input(name)
+        return decl.shape, DType.I32 if decl.is_index else DType.F32
+
+    def state_shape(self, name: str) -> Shape:
+        return self.cell.state(name).shape
+
+    def hoisted_shape(self, name: str) -> Shape:
+        if self.cell.pre is None:
+            raise ShapeError("a hoisted value without a pre body")
+        return self.cell.pre.values[self.cell.pre.result(name)].shape
+
+
+def _verify_value(context: _Context, body: Body, index: int, value: Value) -> None:
     for arg in value.args:
         _expect(0 <= arg < index, f"argument %{arg} is not an earlier value")
     args = [body.values[a] for a in value.args]
-    for arg_value in args:
+    definition = OPS[value.op]
+    for position, arg_value in enumerate(args):
         if arg_value.dtype == DType.I32:
-            _expect(value.op == Op.EMBED and arg_value is args[1], "an index value is used outside a look-up")
-    op = value.op
-    shape: Shape
-    domain: Domain
-    if op == Op.PARAM:
-        shape, domain = cell.param(value.name).shape, Domain.PARAM
-    elif op == Op.INPUT:
-        decl = cell.input(value.name)
-        shape, domain = decl.shape, Domain.NODE
-        _expect(value.dtype == (DType.I32 if decl.is_index else DType.F32), "input dtype differs from its decl")
-    elif op == Op.STATE:
-        _expect(role == BodyKind.OUTPUT, "a node's own state is read only by outputs")
-        shape, domain = cell.state(value.name).shape, Domain.NODE
-    elif op in (Op.CHILD_STATE, Op.CHILD_STATE_AT):
-        _expect(role == BodyKind.NODE, "children are read only in node bodies")
-        shape = cell.state(value.name).shape
-        domain = Domain.CHILD if op == Op.CHILD_STATE else Domain.NODE
-        if op == Op.CHILD_STATE_AT:
-            _expect(cell.arity is not None and 0 <= value.attr("k") < cell.arity, "child index out of arity")
-    elif op == Op.HOISTED:
-        _expect(role == BodyKind.NODE, "hoisted values are read by node bodies")
-        if cell.pre is None:
-            raise IRVerifyError("a hoisted value without a pre body")
-        pre_value = cell.pre.values[cell.pre.result(value.name)]
-        shape, domain = pre_value.shape, Domain.NODE
-    elif op == Op.ADJOINT:
-        _expect(body.kind == BodyKind.GRAD, "adjoints are read only by gradient bodies")
-        shape, domain = value.shape, Domain.NODE
-    elif op == Op.SAVED:
-        _expect(body.kind == BodyKind.GRAD, "saved values are read only by gradient bodies")
-        _expect(value.attr("column") >= 0, "a saved value's column is negative")
-        shape, domain = value.shape, Domain.NODE
-    elif op == Op.NUM_CHILDREN:
-        _expect(role == BodyKind.NODE, "the number of children is read only in node bodies")
-        shape, domain = (), Domain.NODE
-    elif op == Op.TRANSPOSE:
-        _expect(len(args[0].shape) == 2, "transpose needs a matrix")
-        shape, domain = (args[0].shape[1], args[0].shape[0]), args[0].domain
-    elif op == Op.OUTER:
-        _expect(len(args[0].shape) == 1 and len(args[1].shape) == 1, "outer needs two vectors")
-        shape, domain = (args[0].shape[0], args[1].shape[0]), max(args[0].domain, args[1].domain)
-    elif op == Op.ROWSUM:
-        _expect(value.shape in ((), (1,)), "a row sum is a scalar or [1]")
-        shape, domain = value.shape, args[0].domain
-    elif op == Op.PAD:
-        shape, domain = pad_shape(args[0].shape, value.attr("lo"), value.attr("size")), args[0].domain
-    elif op == Op.CONST:
-        _expect(isinstance(value.attr("value"), float), "a constant must be a float")
-        shape, domain = value.shape, Domain.PARAM  # a scalar, or a filled vector/matrix
-    elif op in OPS:  # elementwise and vector ops: the registry's shape rule
-        _expect(len(args) == OPS[op].arity, f"{op.value} takes {OPS[op].arity} args")
-        shape = OPS[op].shape(*(a.shape for a in args))
-        domain = max(OPS[op].min_domain, *(a.domain for a in args))
-    elif op == Op.MATMUL:
-        shape, domain = matmul_shape(args[0].shape, args[1].shape), max(args[0].domain, args[1].domain)
-    elif op == Op.SLICE:
-        shape, domain = slice_shape(args[0].shape, value.attr("lo"), value.attr("hi")), args[0].domain
-    elif op == Op.CONCAT:
-        shape, domain = concat_shape([a.shape for a in args]), max(a.domain for a in args)
-    elif op == Op.EMBED:
-        _expect(args[0].op == Op.PARAM and len(args[0].shape) == 2, "a look-up reads a param matrix")
-        _expect(args[1].dtype == DType.I32, "a look-up needs an index")
-        shape, domain = (args[0].shape[1],), max(args[0].domain, args[1].domain)
-    elif op == Op.EXPAND:
-        _expect(args[0].domain != Domain.CHILD, "expand of a per-child value")
-        shape, domain = args[0].shape, Domain.CHILD
-    elif op in REDUCE_OPS:
-        _expect(args[0].domain == Domain.CHILD, "a reduction needs a per-child argument")
-        _expect(role == BodyKind.NODE, "reductions over children happen only in node bodies")
-        shape, domain = args[0].shape, Domain.NODE
-    elif op == Op.CHILD_SOFTMAX:
-        _expect(args[0].domain == Domain.CHILD, "child_softmax needs a per-child argument")
-        _expect(role == BodyKind.NODE, "child_softmax happens only in node bodies")
-        shape, domain = args[0].shape, Domain.CHILD
-    else:  # pragma: no cover - every op is listed above
-        raise IRVerifyError(f"unknown op {op}")
-    _expect(len(value.args) == _ARG_COUNT.get(op, len(value.args)), f"{op.value} takes {_ARG_COUNT.get(op)} args")
+            _expect(position in definition.index_args, "an index value is used outside a look-up")
+    if definition.arity is not None:
+        _expect(len(args) == definition.arity, f"{value.op.value} takes {definition.arity} args")
+    shape, domain = definition.type_rule(context, value, args)
     _expect(value.shape == shape, f"shape {value.shape} but the rule gives {shape}")
     _expect(value.domain == domain, f"domain {value.domain.name} but the rule gives {domain.name}")
-    if op != Op.INPUT:
+    if value.op != Op.INPUT:
         _expect(value.dtype == DType.F32, "only index inputs are integers")
-
-
-_ARG_COUNT = {
-    Op.PARAM: 0,
-    Op.INPUT: 0,
-    Op.STATE: 0,
-    Op.HOISTED: 0,
-    Op.CHILD_STATE: 0,
-    Op.CHILD_STATE_AT: 0,
-    Op.CONST: 0,
-    **{op: d.arity for op, d in OPS.items()},
-    Op.MATMUL: 2,
-    Op.SLICE: 1,
-    Op.EMBED: 2,
-    Op.EXPAND: 1,
-    **{op: 1 for op in REDUCE_OPS},
-    Op.ADJOINT: 0,
-    Op.SAVED: 0,
-    Op.NUM_CHILDREN: 0,
-    Op.TRANSPOSE: 1,
-    Op.OUTER: 2,
-    Op.ROWSUM: 1,
-    Op.CHILD_SOFTMAX: 1,
-    Op.PAD: 1,
-}

@@ -29,9 +29,8 @@ from cortexc.ir.program import (
     PlaceKind,
     Program,
     Reduce,
-    RowSum,
+    Row,
     SmallMatmul,
-    Softmax,
     Store,
     StoreTarget,
 )
@@ -222,7 +221,7 @@ def _verify_kernel(program: Program, kernel: Kernel, packed: dict, accumulated: 
             )
         elif isinstance(step, Loop):
             _expect(out in widths and step.column + step.width <= widths[out], f"{what} overflows buffer {out!r}")
-        elif isinstance(step, Reduce | ChildSoftmax | Softmax | RowSum | SmallMatmul):
+        elif isinstance(step, Reduce | ChildSoftmax | Row | SmallMatmul):
             _expect(out in widths, f"{what} writes unknown buffer {out!r}")
             _expect(kernel.places[step.value].buffer == out, f"{what}: %{step.value} does not live in {out}")
         elif isinstance(step, AccumOuter | AccumSum):

@@ -12,18 +12,9 @@ carried values, needed anyway); everything else a node computed (gates,
 products) is recomputed in the backward sweep from its children's saved
 states, which costs one more forward but no memory per intermediate.
 
-The rules of the elementwise and vector ops are their registry entries'
-(`cortexc.ir.ops.OPS`, ``derivative``); the structural ops' rules are here
-(``g`` is the adjoint of ``y = op(args)``):
-
-* ``W @ x``: outer(g, x) to W, transpose(W) @ g to x; ``A @ B``: g @ transpose(B), transpose(A) @ g
-* slices: pad(g) back in place; ``concat``: the slices of g; ``E[w]``: g to row w of E
-* ``expand``: sum over the children; ``sum``: expand(g); ``mean``: expand(g / num_children);
-  ``max``: expand(g / ties) where the child equals the max (tied children share it, like torch.amax)
-* ``child_softmax``: y_j (g_j - sum_k y_k g_k) per node (the softmax Jacobian across the children, built
-  of `sum`, `expand`, `sub` and `mul`, so the gradient kernels need no step of its own);
-* a per-node operand of a per-child op gets the sum over the children of its adjoint;
-  a scalar (or `[1]`) operand of a wider op gets the sum of the elements.
+Every op's rule is its registry entry's (`cortexc.ir.ops.OPS`, ``derivative``), structural ops' too;
+here, the glue: a per-node operand of a per-child op gets the sum over the children of its adjoint, and a
+scalar (or `[1]`) operand of a wider op gets the sum of the elements.
 """
 
 from __future__ import annotations
@@ -33,15 +24,7 @@ from dataclasses import replace
 
 from cortexc.ir.builder import BodyBuilder
 from cortexc.ir.cell import Body, BodyKind, Cell, DType, Gradients, GradKind, GradTarget, ResultKey, Value
-from cortexc.ir.ops import (
-    OPS,
-    Domain,
-    Op,
-    broadcast_shape,
-    matmul_shape,
-    pad_shape,
-    slice_shape,
-)
+from cortexc.ir.ops import OPS, Domain, Op, broadcast_shape
 
 
 def autodiff(cell: Cell) -> Cell:
@@ -90,6 +73,12 @@ class _Reverse:
 
     def mask(self, y: int) -> int:
         return self.masks[y]
+
+    def value(self, x: int) -> Value:
+        return self.v(x)
+
+    def gradient(self, kind: str, g: int, name: str, k: int | None = None, index: str | None = None) -> None:
+        self.add_result(GradTarget(GradKind(kind), name, k=k, index=index), g)
 
     def _dropout(self, value: Value, x: int) -> int:
         """A forward `dropout(x)` recomputed as ``x * M``, M the mask (dropout of ones at the same site and
@@ -151,80 +140,14 @@ class _Reverse:
         return self.b.finish(BodyKind.GRAD, ordered)
 
     def _rule(self, index: int, g: int) -> None:
+        """The op's registry derivative: contributions to its arguments, results for leaves."""
         value = self.forward.values[index]
-        op, args = value.op, value.args
-        y = self.copy[index]
         self.const(1.0)  # before the rule's own values (many use it): the order the golden dumps show
-        definition = OPS.get(op)
-        if definition is not None:  # elementwise and vector ops: the registry's derivative
-            for arg, contribution in zip(args, definition.derivative(self, g, y, [self.copy[x] for x in args])):
-                if contribution is not None:
-                    self.contribute(arg, contribution)
-        elif op == Op.PARAM:
-            self.add_result(GradTarget(GradKind.PARAM, value.name), g)
-        elif op == Op.INPUT:
-            self.add_result(GradTarget(GradKind.INPUT, value.name), g)
-        elif op == Op.STATE:
-            self.add_result(GradTarget(GradKind.STATE, value.name), g)
-        elif op == Op.CHILD_STATE:
-            self.add_result(GradTarget(GradKind.CHILD, value.name), g)
-        elif op == Op.CHILD_STATE_AT:
-            self.add_result(GradTarget(GradKind.CHILD_AT, value.name, k=value.attr("k")), g)
-        elif op == Op.HOISTED:
-            self.add_result(GradTarget(GradKind.HOISTED, value.name), g)
-        elif op == Op.MATMUL:
-            self._matmul(args, g)
-        elif op == Op.SLICE:
-            size = self.forward.values[args[0]].shape[0]
-            lo = value.attr("lo")
-            shape = pad_shape(self.v(g).shape, lo, size)
-            self.contribute(args[0], self.op(Op.PAD, g, shape=shape, attrs=(("lo", lo), ("size", size))))
-        elif op == Op.CONCAT:
-            start = 0
-            for arg in args:
-                part = self.forward.values[arg]
-                stop = start + part.shape[0]
-                shape = slice_shape(self.v(g).shape, start, stop)
-                piece = self.op(Op.SLICE, g, shape=shape, attrs=(("lo", start), ("hi", stop)))
-                self.contribute(arg, piece)
-                start = stop
-        elif op == Op.EMBED:
-            table, row = (self.forward.values[x] for x in args)
-            self.add_result(GradTarget(GradKind.EMBED, table.name, index=row.name), g)
-        elif op == Op.EXPAND:
-            self.contribute(args[0], self.op(Op.SUM, g, domain=Domain.NODE))
-        elif op == Op.SUM:
-            self.contribute(args[0], self.op(Op.EXPAND, g, domain=Domain.CHILD))
-        elif op == Op.MEAN:
-            count = self.b.add(Op.NUM_CHILDREN, (), (), Domain.NODE)
-            self.contribute(args[0], self.op(Op.EXPAND, self.op(Op.DIV, g, count), domain=Domain.CHILD))
-        elif op == Op.MAX:  # tied children share the gradient (as torch.amax does)
-            holds_max = self.op(Op.EQ, self.copy[args[0]], self.op(Op.EXPAND, y, domain=Domain.CHILD))
-            ties = self.op(Op.SUM, holds_max, domain=Domain.NODE)
-            share = self.op(Op.EXPAND, self.op(Op.DIV, g, ties), domain=Domain.CHILD)
-            self.contribute(args[0], self.op(Op.MUL, holds_max, share))
-        elif op == Op.CHILD_SOFTMAX:  # d e_j = y_j * (g_j - sum_k y_k g_k), over the node's children
-            dot = self.op(Op.SUM, self.op(Op.MUL, y, g), domain=Domain.NODE)
-            centred = self.op(Op.SUB, g, self.op(Op.EXPAND, dot, domain=Domain.CHILD))
-            self.contribute(args[0], self.op(Op.MUL, y, centred))
-        elif op == Op.CONST:
-            pass
-        else:  # pragma: no cover - every forward op has a rule above
-            raise NotImplementedError(f"autodiff has no rule for {op}")
-
-    def _matmul(self, args: tuple[int, ...], g: int) -> None:
-        a, b = self.copy[args[0]], self.copy[args[1]]
-        left, right = self.v(a), self.v(b)
-        left_t = self.op(Op.TRANSPOSE, a, shape=(left.shape[1], left.shape[0]))
-        if len(right.shape) == 1:
-            outer_shape = (self.v(g).shape[0], right.shape[0])
-            self.contribute(args[0], self.op(Op.OUTER, g, b, shape=outer_shape))
-        else:
-            right_t = self.op(Op.TRANSPOSE, b, shape=(right.shape[1], right.shape[0]))
-            shape = matmul_shape(self.v(g).shape, self.v(right_t).shape)
-            self.contribute(args[0], self.op(Op.MATMUL, g, right_t, shape=shape))
-        shape = matmul_shape(self.v(left_t).shape, self.v(g).shape)
-        self.contribute(args[1], self.op(Op.MATMUL, left_t, g, shape=shape))
+        copies = [self.copy[x] for x in value.args]
+        rule = OPS[value.op].derivative(self, g, self.copy[index], copies, value)
+        for position, contribution in enumerate(rule):
+            if contribution is not None:
+                self.contribute(value.args[position], contribution)
 
 
 def grad_body(forward: Body, saved: Mapping[int, tuple[str, int]] | None = None) -> Body:

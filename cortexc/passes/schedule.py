@@ -33,7 +33,7 @@ from collections import defaultdict
 from dataclasses import replace
 
 from cortexc.ir.cell import Body, Cell, GradKind, GradTarget, Value
-from cortexc.ir.ops import BINARY_OPS, LEAF_OPS, OPS, REDUCE_OPS, UNARY_OPS, VECTOR_OPS, Op
+from cortexc.ir.ops import OPS, Op, Placement, StepKind
 from cortexc.ir.program import (
     AccumOuter,
     AccumSum,
@@ -49,12 +49,11 @@ from cortexc.ir.program import (
     PlaceKind,
     Program,
     Reduce,
+    Row,
     RowKind,
     Rows,
-    RowSum,
     SavedValues,
     SmallMatmul,
-    Softmax,
     Step,
     Store,
     StoreMode,
@@ -64,9 +63,6 @@ from cortexc.ir.program import (
     slice_offset,
     width,
 )
-
-ELEMENTWISE = BINARY_OPS | UNARY_OPS
-
 
 #: the deepest expression tree a loop inlines; a deeper one materialises the value that would pass it (a
 #: 166-step chain of `t = tanh(t) + b` is then a few loops, not one expression codegen recurses through)
@@ -354,20 +350,43 @@ def _kernel(
         nested = [depth[a] for a in values[index].args if places[a].kind == PlaceKind.INLINE]
         return 1 + max(nested, default=0)
 
+    def in_a_step(index: int, value: Value) -> None:
+        """A value its op's entry computes in a step of its own (`ir.ops.StepKind`), into a new buffer."""
+        definition = OPS[value.op]
+        buffer_name = new_buffer(value)
+        places.append(Place(PlaceKind.BUFFER, buffer_name))
+        kind, rows = definition.step, row_kind(value)
+        if kind == StepKind.SMALL_MATMUL:
+            left, right = (values[x] for x in value.args)
+            n = right.shape[1] if len(right.shape) == 2 else 1
+            steps.append(SmallMatmul(index, buffer_name, rows, left.shape[0], left.shape[1], n))
+        elif kind == StepKind.REDUCE:
+            steps.append(Reduce(index, buffer_name, width(value)))
+        elif kind == StepKind.CHILD_SOFTMAX:
+            steps.append(ChildSoftmax(index, buffer_name, width(value)))
+        elif kind == StepKind.ROW:
+            steps.append(Row(index, buffer_name, rows, width(values[value.args[0]])))
+        else:  # CONCAT: each operand copied into its columns
+            column = 0
+            for arg in value.args:
+                steps.append(Loop(arg, buffer_name, column, rows, width(values[arg]), compute=False))
+                column += width(values[arg])
+
     depth: list[int] = []  # of each value placed INLINE (0 otherwise)
     for index, value in enumerate(values):
-        op = value.op
+        definition = OPS[value.op]
+        placement = definition.placement
         if index in glue:
             places.append(Place(PlaceKind.INLINE))  # never read: the accumulation steps take its terms
-        elif op == Op.CONST and needs_address[index]:
-            materialize(index, value)
-        elif op in LEAF_OPS or op == Op.EMBED:
+        elif placement == Placement.SOURCE and not (needs_address[index] and not definition.addressable):
             places.append(Place(PlaceKind.SOURCE))
-        elif op == Op.SLICE:
+        elif placement == Placement.SOURCE:  # a constant that must have an address (a GEMM operand)
+            materialize(index, value)
+        elif placement == Placement.VIEW:
             base = places[value.args[0]]
             column = base.column + slice_offset(values[value.args[0]], value.attr("lo"))
             places.append(Place(base.kind, base.buffer, column if base.kind == PlaceKind.BUFFER else 0))
-        elif op in (Op.EXPAND, Op.TRANSPOSE, Op.OUTER) or index in side_by_side:
+        elif placement == Placement.EXPRESSION or index in side_by_side:
             places.append(Place(PlaceKind.INLINE))
         elif index in in_gemm:
             operand = in_gemm[index]
@@ -392,45 +411,20 @@ def _kernel(
                 )
             column = sum(values[m].shape[0] for m in members[: members.index(index)])
             places.append(Place(PlaceKind.BUFFER, group_buffer[operand], column))
-        elif op == Op.MATMUL:
-            left, right = (values[x] for x in value.args)
-            m, k = left.shape
-            n = right.shape[1] if len(right.shape) == 2 else 1
-            places.append(Place(PlaceKind.BUFFER, new_buffer(value)))
-            steps.append(SmallMatmul(index, places[-1].buffer, row_kind(value), m, k, n))
-        elif op in REDUCE_OPS:
-            places.append(Place(PlaceKind.BUFFER, new_buffer(value)))
-            steps.append(Reduce(index, places[-1].buffer, width(value)))
-        elif op == Op.CHILD_SOFTMAX:
-            places.append(Place(PlaceKind.BUFFER, new_buffer(value)))
-            steps.append(ChildSoftmax(index, places[-1].buffer, width(value)))
-        elif op in VECTOR_OPS:
-            places.append(Place(PlaceKind.BUFFER, new_buffer(value)))
-            steps.append(Softmax(index, places[-1].buffer, row_kind(value), width(value), op == Op.LOG_SOFTMAX))
-        elif op == Op.ROWSUM:
-            places.append(Place(PlaceKind.BUFFER, new_buffer(value)))
-            steps.append(RowSum(index, places[-1].buffer, row_kind(value), width(values[value.args[0]])))
-        elif op == Op.CONCAT:
-            buffer_name = new_buffer(value)
-            places.append(Place(PlaceKind.BUFFER, buffer_name))
-            column = 0
-            for arg in value.args:
-                steps.append(Loop(arg, buffer_name, column, row_kind(value), width(values[arg]), compute=False))
-                column += width(values[arg])
-        elif op in ELEMENTWISE or op == Op.PAD:
+        elif placement == Placement.STEP:
+            in_a_step(index, value)
+        else:  # ELEMENTWISE: inline unless read twice, by address, too deep, masked or saved
             too_deep = inline_depth(index) > MAX_INLINE_DEPTH  # long chains: C text and codegen stay shallow
             # dropout in its own loop: one that gcc vectorises (not scalar Philox inside a padded gradient or a
             # staged add) and that codegen versions on the train flag (evaluation mode: a copy, no mask work)
-            masked = OPS[op].identity is not None if op in OPS else False
+            masked = definition.identity is not None
             if index in saved_at:  # computed straight into the node's row of the saved array
                 places.append(Place(PlaceKind.BUFFER, saved_buffer, saved_at[index]))
                 steps.append(Loop(index, saved_buffer, saved_at[index], row_kind(value), width(value)))
-            elif needs_address[index] or (element_uses[index] >= 2 and op != Op.NEG) or too_deep or masked:
+            elif needs_address[index] or (element_uses[index] >= 2 and value.op != Op.NEG) or too_deep or masked:
                 materialize(index, value)
             else:
                 places.append(Place(PlaceKind.INLINE))
-        else:  # pragma: no cover - every op is placed above
-            raise NotImplementedError(f"schedule has no rule for {op}")
         depth.append(inline_depth(index) if places[index].kind == PlaceKind.INLINE else 0)
 
     steps += accumulate

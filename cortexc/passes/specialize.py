@@ -69,13 +69,11 @@ def leaf_body(node: Body) -> Body:
 def _fold(
     value: Value, args: list[Lowered], arg_values: list[Value], builder: BodyBuilder, materialize, const
 ) -> Lowered:
-    op = value.op
+    definition = OPS[value.op]
     if value.domain == Domain.CHILD:
         return EMPTY  # includes child.s, expand, and anything computed per child
-    if op == Op.CHILD_STATE_AT:
-        return ZERO
-    if op in (Op.SUM, Op.MEAN, Op.MAX):
-        return ZERO  # over no children
+    if definition.childless_zero:
+        return ZERO  # child[k].s of a missing child; a reduction over no children
     zeros = [isinstance(a, _Zero) for a in args]
     if any(zeros):
         folded = _fold_zero(value, args, arg_values, zeros, const)
@@ -84,28 +82,22 @@ def _fold(
     new_args = tuple(materialize(a, v) for a, v in zip(args, arg_values))
     # folding can turn a per-node operand into a constant: the result varies only as its operands do
     domain = max((builder.values[a].domain for a in new_args), default=value.domain)
-    if op in OPS:  # dropout's mask varies per node whatever its operand
-        domain = max(domain, OPS[op].min_domain)
-    return builder.add(op, new_args, value.shape, domain, value.attrs, value.dtype, loc=value.loc)
+    domain = max(domain, definition.min_domain)  # dropout's mask varies per node whatever its operand
+    return builder.add(value.op, new_args, value.shape, domain, value.attrs, value.dtype, loc=value.loc)
 
 
 def _fold_zero(value: Value, args, arg_values, zeros, const) -> Lowered | None:
-    """The result of an op with a known-zero argument, or None if it must be computed."""
-    op = value.op
-    definition = OPS.get(op)
-    if definition is not None and all(zeros) and definition.at_zero is not None:  # the registry's f(0)
+    """The result of an op with a known-zero argument (by its registry entry's zero rules), or None if it
+    must be computed."""
+    definition = OPS[value.op]
+    if all(zeros) and definition.at_zero is not None:  # the registry's f(0)
         return ZERO if definition.at_zero == 0.0 else const(value, definition.at_zero)
-    if op in (Op.MATMUL, Op.MUL, Op.SLICE):
+    if any(zeros[position] for position in definition.zero_absorbs):
         return ZERO
-    if op == Op.DIV and zeros[0]:
-        return ZERO
-    if op in (Op.ADD, Op.SUB):  # one zero operand (both: the registry's value at zero above)
-        other = 1 if zeros[0] else 0
+    zero = [position for position, is_zero in enumerate(zeros) if is_zero]
+    if len(args) == 2 and len(zero) == 1 and zero[0] in definition.zero_identity:  # x + 0 -> x
+        other = 1 - zero[0]
         if arg_values[other].shape != value.shape:
             return None  # the zero sets the shape: compute with it
-        if op == Op.SUB and zeros[0]:
-            return None  # 0 - x: keep as an explicit subtraction
         return args[other]
-    if op == Op.CONCAT and all(zeros):
-        return ZERO
     return None
