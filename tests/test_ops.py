@@ -82,16 +82,17 @@ def test_every_row_op_takes_vectors_only(op):
 
 
 def test_surface_names_are_unique_and_reach_the_front_end():
-    from cortexc.ir.ops import BINARY_SYMBOLS, UNARY_FUNCTIONS, VECTOR_FUNCTIONS
+    from cortexc.frontend.lower import FUNCTIONS
+    from cortexc.ir.ops import BINARY_SYMBOLS, CALLS
 
     surfaces = [d.surface for d in OPS.values() if d.surface]
     assert len(surfaces) == len(set(surfaces))
     assert {d.surface: op for op, d in OPS.items() if d.surface and d.kind in FUNCTIONAL} == {
-        **UNARY_FUNCTIONS,
-        **VECTOR_FUNCTIONS,
+        **CALLS,
         **BINARY_SYMBOLS,
     }
-    assert {"gelu", "silu", "sqrt"} <= set(UNARY_FUNCTIONS)
+    assert set(CALLS) <= set(FUNCTIONS)  # the front end's list for "did you mean"
+    assert {"gelu", "silu", "sqrt", "minimum", "maximum", "dot", "layernorm"} <= set(CALLS)
 
 
 @pytest.mark.parametrize(
@@ -128,7 +129,17 @@ USER_OPS = {
     "log_softmax": ("log_softmax(x_log_softmax)", ("real",), lambda x: F.log_softmax(x, dim=-1)),
     # evaluation mode (the default): the identity, saturated inputs too (training: tests/test_dropout.py)
     "dropout": ("dropout(x_dropout, 0.5)", ("real",), lambda x: x),
+    # ties (the special rows give x == y) split the gradient equally, as torch's
+    "minimum": ("minimum(x_minimum, y_minimum)", ("real", "real"), torch.minimum),
+    "maximum": ("maximum(x_maximum, y_maximum)", ("real", "real"), torch.maximum),
+    "dot": ("dot(x_dot, y_dot)", ("real", "real"), lambda x, y: (x * y).sum(-1, keepdim=True)),
+    # within float32's range for the squares (beyond it the variance is inf in float32 and finite in float64:
+    # test_layernorm_of_saturated_rows_agrees_with_the_interpreter)
+    "layernorm": ("layernorm(x_layernorm)", ("exp",), lambda x: F.layer_norm(x, x.shape[-1:])),
 }
+
+#: the shape of an op's state where it is not [H]
+STATE_SHAPES = {"dot": (1,)}
 
 #: rows every input of a kind starts with: saturation, large values, 0 and near-0
 SPECIAL_ROWS = {
@@ -164,7 +175,7 @@ ALL_OPS_CELL = f"""
 cell AllOps on tree {{
     dim H = {H}
     input {", ".join(f"{i}[H]" for name in USER_OPS for i in _inputs_of(name))}
-    state {", ".join(f"s_{name}[H]" for name in USER_OPS)}
+    state {", ".join(f"s_{name}[{STATE_SHAPES.get(name, ('H',))[0]}]" for name in USER_OPS)}
     node {{
 {chr(10).join(f"        s_{name} = {expr}" for name, (expr, _, _) in USER_OPS.items())}
     }}
@@ -195,7 +206,9 @@ def all_ops(tmp_path_factory):
     for name, (_, kinds, _) in USER_OPS.items():
         for var, kind in zip(_inputs_of(name), kinds):
             inputs[var] = _values(kind, n, rng)
-    upstream = {f"s_{name}": rng.standard_normal((n, H)).astype(np.float32) for name in USER_OPS}
+    upstream = {
+        f"s_{name}": rng.standard_normal((n, *STATE_SHAPES.get(name, (H,)))).astype(np.float32) for name in USER_OPS
+    }
     return module, forest, inputs, upstream, {}
 
 
@@ -282,6 +295,7 @@ INTERNAL = {
     Op.STEP: (lambda x: (x > 0).double(), lambda x: torch.zeros_like(x)),
     Op.SIGN: (torch.sign, lambda x: torch.zeros_like(x)),
     Op.GELU_GRAD: (None, None),  # from torch's gelu by autograd, below
+    Op.RSTD: (lambda x: torch.rsqrt(x + 1e-5), lambda x: -0.5 * torch.rsqrt(x + 1e-5) ** 3),
 }
 
 
@@ -406,3 +420,25 @@ def test_a_saturated_op_alone_in_its_loop_matches_the_interpreter(name, tmp_path
     grads_i, grads_c = interp.backward(out_i, upstream), compiled.backward(out_c, upstream)
     for var in ("x", "y"):
         _assert_close(grads_c[var], grads_i[var].astype(np.float64), f"cpu d{var} of {name}")
+
+
+def test_layernorm_of_saturated_rows_agrees_with_the_interpreter(tmp_path):
+    """Rows of +-100, +-1e30 (whose squares overflow float32: the variance is inf and the result 0) and inf:
+    the compiled kernels give the interpreter's float32 results, forward and backward."""
+    path = tmp_path / "ln.cell"
+    path.write_text(
+        f"cell LN on tree {{ dim H = {H}\n input x[H]\n state s[H]\n node {{ s = layernorm(x + sum(child.s)) }} }}"
+    )
+    module = cortexc.load(path, out_dir=tmp_path / "out")
+    forest = Forest.from_parents([-1] * 6)
+    x = np.asarray(SPECIAL_ROWS["real"], np.float32)
+    upstream = {"s": np.random.default_rng(3).standard_normal((6, H)).astype(np.float32)}
+    results = {}
+    for device in ("interp", "cpu", "cuda-emu"):
+        model = module.LN(device=device)
+        out = model(forest, grad=True, x=x)
+        results[device] = (out["s"], model.backward(out, upstream)["x"])
+    for device in ("cpu", "cuda-emu"):
+        for got, expected in zip(results[device], results["interp"]):
+            same = np.isclose(got, expected, rtol=1e-5, atol=2e-6) | (np.isnan(got) & np.isnan(expected))
+            assert same.all(), (device, got[~same][:4], expected[~same][:4])

@@ -30,7 +30,7 @@ from cortexc.codegen.exprs import (
 )
 from cortexc.codegen.target import Target
 from cortexc.ir.cell import Cell, Value
-from cortexc.ir.ops import ELEMENTWISE_OPS, OPS, Op
+from cortexc.ir.ops import ELEMENTWISE_OPS, OPS, Op, float_literal
 from cortexc.ir.program import (
     AccumOuter,
     AccumSum,
@@ -612,10 +612,12 @@ def _row_context(exprs: KernelExprs, value: Value, step: Row) -> dict[str, Any]:
     row = OPS[value.op].row
     assert row is not None  # a Row step is made for row ops only
     operands = [exprs.ref(arg, step.rows, "i", "j") for arg in value.args]
+    n = float_literal(float(step.width))
     passes = []
     for p in row.passes:
-        update = p.update.format(*operands)
-        passes.append(f"{{ out_row[j] = {p.store.format(*operands)}; {update}; }}" if p.store else f"{update};")
+        update = p.update.format(*operands, n=n)
+        loop = f"{{ out_row[j] = {p.store.format(*operands, n=n)}; {update}; }}" if p.store else f"{update};"
+        passes.append({"before": p.before.format(n=n), "loop": loop})
     return {
         "kind": "row",
         "doc": f"{step.out} = {value.op.value}({', '.join(f'%{a}' for a in value.args)}) per row",
@@ -624,8 +626,8 @@ def _row_context(exprs: KernelExprs, value: Value, step: Row) -> dict[str, Any]:
         "width": step.width,
         "accumulators": ", ".join(f"{name} = {init}" for name, init in row.accumulators),
         "passes": passes,
-        "setup": row.setup,
-        "element": row.element.format(*operands),
+        "setup": row.setup.format(n=n),
+        "element": row.element.format(*operands, n=n),
         "scalar": row.scalar,
     }
 

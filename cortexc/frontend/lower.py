@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from cortexc.errors import SourceLoc
 from cortexc.frontend import ast
 from cortexc.frontend.check import DeclaredCell, ErrorSink, const_int, const_value, did_you_mean, expr_loc
@@ -23,12 +25,14 @@ from cortexc.ir.builder import BodyBuilder
 from cortexc.ir.cell import BodyKind, DType, Value
 from cortexc.ir.ops import (
     BINARY_SYMBOLS,
+    CALLS,
     CHILD_FUNCTIONS,
+    OPS,
     REDUCTIONS,
-    UNARY_FUNCTIONS,
-    VECTOR_FUNCTIONS,
     Domain,
     Op,
+    OpDef,
+    OpKind,
     Shape,
     ShapeError,
     broadcast_shape,
@@ -38,7 +42,7 @@ from cortexc.ir.ops import (
     slice_shape,
 )
 
-FUNCTIONS = sorted([*UNARY_FUNCTIONS, *VECTOR_FUNCTIONS, *REDUCTIONS, *CHILD_FUNCTIONS, "concat", "dropout"])
+FUNCTIONS = sorted([*CALLS, *REDUCTIONS, *CHILD_FUNCTIONS, "concat", "dropout"])
 
 
 def _dropout_sites(decl: DeclaredCell) -> dict[tuple[int, int], int]:
@@ -361,7 +365,17 @@ def _call(scope: _Scope, expr: ast.Call) -> int | None:
         return _child_function(scope, expr)
     if func == "dropout":
         return _dropout(scope, expr)
-    if func not in UNARY_FUNCTIONS and func not in VECTOR_FUNCTIONS and func not in REDUCTIONS:
+    if func in ("min", "max") and len(expr.args) == 2:
+        elementwise = "minimum" if func == "min" else "maximum"
+        sink.report(
+            f"{func}(a, b) with two values: for the elementwise {elementwise} write {elementwise}(a, b)"
+            + ("; max(e) is the maximum over the children" if func == "max" else ""),
+            expr.loc,
+        )
+        return None
+    if func in CALLS:
+        return _function(scope, expr, OPS[CALLS[func]])
+    if func not in REDUCTIONS:
         sink.report(f"unknown function '{func}'" + did_you_mean(func, FUNCTIONS), expr.loc)
         return None
     if len(expr.args) != 1:
@@ -371,28 +385,56 @@ def _call(scope: _Scope, expr: ast.Call) -> int | None:
     if arg is None:
         return None
     v = _value(scope, arg)
-    if func in UNARY_FUNCTIONS:
-        return b.add(UNARY_FUNCTIONS[func], (arg,), v.shape, v.domain, loc=expr.loc)
-    if func in VECTOR_FUNCTIONS:
-        if len(v.shape) != 1:
-            sink.report(f"{func} takes a vector, but {_text(expr.args[0])} is {_a_shape(v.shape)}", expr.loc)
-            return None
-        if v.shape == (1,):  # normalised over its one element: a constant, never what was meant
-            always = "1" if func == "softmax" else "0"
-            across = " across the children" if v.domain == Domain.CHILD else ""
-            sink.report(
-                f"{func} of {_text(expr.args[0])}, a [1] value, is always {always} (a {func} over one element); "
-                f"to normalise per-child scores{across}, use child_softmax({_text(expr.args[0])})",
-                expr.loc,
-            )
-            return None
-        return b.add(VECTOR_FUNCTIONS[func], (arg,), v.shape, v.domain, loc=expr.loc)
     # a reduction over the children
     if not _children_visible(scope, f"{func}(...)", expr.loc):
         return None
     if v.domain != Domain.CHILD:  # taken once per child even when it reads no child
         arg = b.add(Op.EXPAND, (arg,), v.shape, Domain.CHILD, loc=expr.loc)
     return b.add(REDUCTIONS[func], (arg,), v.shape, Domain.NODE, loc=expr.loc)
+
+
+_COUNTS = {1: "one argument", 2: "two arguments"}
+
+
+def _function(scope: _Scope, expr: ast.Call, definition: OpDef) -> int | None:
+    """A call of a function the op registry defines (elementwise and row ops), checked by its entry's
+    shape rule."""
+    func, sink = expr.func, scope.sink
+    arity = definition.arity or 1
+    if len(expr.args) != arity:
+        sink.report(f"{func} takes {_COUNTS.get(arity, f'{arity} arguments')}, got {len(expr.args)}", expr.loc)
+        return None
+    maybe = [_float_operand(scope, a) for a in expr.args]
+    args = [a for a in maybe if a is not None]
+    if len(args) != len(maybe):
+        return None
+    values = [_value(scope, a) for a in args]
+    if definition.kind == OpKind.VECTOR:
+        for arg_expr, v in zip(expr.args, values):
+            if len(v.shape) != 1:
+                what = "a vector" if arity == 1 else "vectors"
+                sink.report(f"{func} takes {what}, but {_text(arg_expr)} is {_a_shape(v.shape)}", expr.loc)
+                return None
+        if definition.row is not None and definition.row.element and values[0].shape == (1,):
+            # normalised over its one element: a constant, never what was meant
+            assert definition.numpy is not None  # a row op's entry has its NumPy rule
+            always = f"{float(definition.numpy(np.ones(1))[0]):g}"
+            across = " across the children" if values[0].domain == Domain.CHILD else ""
+            text = _text(expr.args[0])
+            sink.report(
+                f"{func} of {text}, a [1] value, is always {always} (a {func} over one element)"
+                + (definition.hint_on_one.format(arg=text, across=across) if definition.hint_on_one else ""),
+                expr.loc,
+            )
+            return None
+    assert definition.shape is not None  # every callable entry has its shape rule
+    try:
+        shape = definition.shape(*(v.shape for v in values))
+    except ShapeError as err:
+        sink.report(f"shape mismatch in {func}: {err}", expr.loc)
+        return None
+    domain = max(definition.min_domain, *(v.domain for v in values))
+    return scope.builder.add(definition.op, tuple(args), shape, domain, loc=expr.loc)
 
 
 def _child_function(scope: _Scope, expr: ast.Call) -> int | None:

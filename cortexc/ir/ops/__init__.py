@@ -58,7 +58,15 @@ CHILD_READ_OPS = frozenset(op for op, d in OPS.items() if d.reads_children)
 #: surface names of the built-in functions and operators, as written in a `.cell` file
 UNARY_FUNCTIONS = {d.surface: op for op, d in OPS.items() if d.kind == OpKind.UNARY and d.surface}
 VECTOR_FUNCTIONS = {d.surface: op for op, d in OPS.items() if d.kind == OpKind.VECTOR and d.surface}
-BINARY_SYMBOLS = {d.surface: op for op, d in OPS.items() if d.kind == OpKind.BINARY and d.surface}
+BINARY_SYMBOLS = {
+    d.surface: op for op, d in OPS.items() if d.kind == OpKind.BINARY and d.surface and not d.surface.isidentifier()
+}
+#: the functions the front end lowers from their entries alone (elementwise and row ops: `tanh(e)`, `dot(a, b)`)
+CALLS = {
+    d.surface: op
+    for op, d in OPS.items()
+    if d.kind in (OpKind.UNARY, OpKind.BINARY, OpKind.VECTOR) and d.surface and d.surface.isidentifier()
+}
 REDUCTIONS = {d.surface: op for op, d in OPS.items() if d.reduce is not None and d.surface}
 #: functions of a per-child value that give a per-child value (normalised across the node's children)
 CHILD_FUNCTIONS = {
@@ -68,6 +76,7 @@ CHILD_FUNCTIONS = {
 __all__ = [
     "BINARY_OPS",
     "BINARY_SYMBOLS",
+    "CALLS",
     "CHILD_FUNCTIONS",
     "CHILD_READ_OPS",
     "ELEMENTWISE_OPS",

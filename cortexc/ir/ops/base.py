@@ -52,10 +52,14 @@ class Op(enum.Enum):
     GELU = "gelu"
     SILU = "silu"
     SQRT = "sqrt"
+    MINIMUM = "minimum"  # elementwise, broadcasting like `+`; ties split the gradient equally
+    MAXIMUM = "maximum"
     DROPOUT = "dropout"  # attrs: site, p; e in evaluation mode, else kept or zeroed by the element's identity
     # vector-wise
     SOFTMAX = "softmax"
     LOG_SOFTMAX = "log_softmax"
+    DOT = "dot"  # [N], [N] -> [1]: the inner product
+    LAYERNORM = "layernorm"  # (v - mean(v)) / sqrt(var(v) + 1e-5) over a vector's components
     # structure
     MATMUL = "matmul"  # [M,K] @ [K] -> [M]; [M,K] @ [K,N] -> [M,N]
     SLICE = "slice"  # attrs: lo, hi; of a vector
@@ -71,6 +75,7 @@ class Op(enum.Enum):
     SIGN = "sign"  # -1, 0 or 1 (abs')
     EQ = "eq"  # 1 where a == b, else 0 (which children hold a max)
     GELU_GRAD = "gelu_grad"  # gelu'(x) = Phi(x) + x * phi(x)
+    RSTD = "rstd"  # 1 / sqrt(x + 1e-5), 0 at inf (layernorm's derivative)
     ROWSUM = "rowsum"  # sum of every element -> scalar, or [1] (the gradient of a broadcast [1] operand)
     PAD = "pad"  # attrs: lo, size; a slice put back in place, zeros elsewhere
     # children
@@ -293,12 +298,14 @@ IdentityRule = Callable[[np.ndarray, Mapping[str, Any], Identity], np.ndarray]
 
 @dataclass(frozen=True)
 class RowPass:
-    """One pass of a row op over a row's elements ``j``: ``out_row[j] = store`` (when given), then
-    ``update`` (a C statement folding the element into an accumulator). ``{0}``, ``{1}``: element ``j`` of the
-    operands; the accumulators of earlier passes are in scope."""
+    """One pass of a row op over a row's elements ``j``: ``before`` (a C statement, once), then per element
+    ``out_row[j] = store`` (when given) and ``update`` (a C statement folding the element into an
+    accumulator). ``{0}``, ``{1}``: element ``j`` of the operands; ``{n}``: the row's length as a float; the
+    accumulators of earlier passes are in scope."""
 
     store: str
     update: str
+    before: str = ""
 
 
 @dataclass(frozen=True)
@@ -374,6 +381,7 @@ class OpDef:
     c_inline_helper: str = ""
     c_inline_needs: tuple[str, ...] = ()
     index_args: tuple[int, ...] = ()
+    hint_on_one: str = ""  # the front end's advice after "a row op of a [1] value is constant" ({arg}, {across})
     reads_children: bool = False  # a leaf that reads the node's children (a body that has one is not hoisted)
 
 

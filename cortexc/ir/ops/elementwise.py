@@ -240,6 +240,44 @@ def _d_sqrt(d: Derivatives, g: int, y: int, args: Sequence[int], value: Value) -
     yield d.op(Op.DIV, g, d.op(Op.MUL, d.const(2.0), y))
 
 
+#: the variance's epsilon of `layernorm`, as torch.nn.functional.layer_norm's default
+LAYERNORM_EPS = 1e-5
+
+#: 1 / sqrt(var + eps), and 0 for an infinite variance (a row whose squares overflow float32, as the
+#: interpreter's): fast-math's vectorised sqrt is x * rsqrt(x) and its reciprocal a Newton step, NaN at inf,
+#: so inf is told by its bits
+RSTD_HELPER = (
+    "float cx_rstd(float x) { unsigned bits; __builtin_memcpy(&bits, &x, 4);"
+    f" return bits == 0x7f800000u ? 0.0f : 1.0f / sqrtf(x + {LAYERNORM_EPS!r}f); }}"
+)
+
+
+def _rstd(x: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore"):  # NaN below -eps, quietly, as torch.rsqrt
+        return 1.0 / np.sqrt(x + LAYERNORM_EPS)
+
+
+def _d_rstd(d: Derivatives, g: int, y: int, args: Sequence[int], value: Value) -> Iterator[int | None]:
+    """-(x + eps)^(-3/2) / 2 = -y^3 / 2."""
+    yield d.op(Op.MUL, g, d.op(Op.MUL, d.const(-0.5), d.op(Op.MUL, y, d.op(Op.MUL, y, y))))
+
+
+def _d_minimum(d: Derivatives, g: int, y: int, args: Sequence[int], value: Value) -> Iterator[int | None]:
+    """To the smaller operand; on a tie, half to each (as torch.minimum)."""
+    a, b = args
+    tie = d.op(Op.MUL, d.const(0.5), d.op(Op.EQ, a, b))
+    yield d.op(Op.MUL, g, d.op(Op.ADD, d.op(Op.STEP, d.op(Op.SUB, b, a)), tie))
+    yield d.op(Op.MUL, g, d.op(Op.ADD, d.op(Op.STEP, d.op(Op.SUB, a, b)), tie))
+
+
+def _d_maximum(d: Derivatives, g: int, y: int, args: Sequence[int], value: Value) -> Iterator[int | None]:
+    """To the larger operand; on a tie, half to each (as torch.maximum)."""
+    a, b = args
+    tie = d.op(Op.MUL, d.const(0.5), d.op(Op.EQ, a, b))
+    yield d.op(Op.MUL, g, d.op(Op.ADD, d.op(Op.STEP, d.op(Op.SUB, a, b)), tie))
+    yield d.op(Op.MUL, g, d.op(Op.ADD, d.op(Op.STEP, d.op(Op.SUB, b, a)), tie))
+
+
 def _d_dropout(d: Derivatives, g: int, y: int, args: Sequence[int], value: Value) -> Iterator[int | None]:
     """The forward's mask and scale on the gradient (the same site and elements: dropout of g)."""
     yield d.op(Op.MUL, g, d.mask(y))
@@ -391,6 +429,9 @@ ELEMENTWISE: tuple[OpDef, ...] = (
         # fast-math's vectorised sqrt is x * rsqrt(x): NaN at inf (inf * 0), so inf is passed through
         c_helper="float cx_sqrt(float x) { return x < FLT_MAX ? sqrtf(x) : x; }",
     ),
+    _entry(Op.RSTD, _U, None, same_shape, _rstd, "cx_rstd({0})", _d_rstd, None, c_helper=RSTD_HELPER),
+    _entry(Op.MINIMUM, _B, "minimum", broadcast_shape, np.minimum, "fminf({0}, {1})", _d_minimum, 0.0),
+    _entry(Op.MAXIMUM, _B, "maximum", broadcast_shape, np.maximum, "fmaxf({0}, {1})", _d_maximum, 0.0),
     _entry(
         Op.DROPOUT,
         _U,

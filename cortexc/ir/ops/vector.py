@@ -25,6 +25,7 @@ from cortexc.ir.ops.base import (
     StepKind,
     fmt_shape,
 )
+from cortexc.ir.ops.elementwise import LAYERNORM_EPS, RSTD_HELPER
 
 if TYPE_CHECKING:
     from cortexc.ir.cell import Value
@@ -57,6 +58,48 @@ def _d_log_softmax(d: Derivatives, g: int, y: int, args: Sequence[int], value: V
     yield d.op(Op.SUB, g, d.op(Op.MUL, d.op(Op.EXP, y), total))
 
 
+def dot_shape(a: Shape, b: Shape) -> Shape:
+    """Two vectors of one length -> their inner product, a `[1]` value."""
+    if len(a) != 1 or len(b) != 1:
+        raise ShapeError(f"dot takes two vectors, not {fmt_shape(a)} and {fmt_shape(b)}")
+    if a != b:
+        raise ShapeError(f"dot of vectors of different lengths, {fmt_shape(a)} and {fmt_shape(b)}")
+    return (1,)
+
+
+def _dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(axis=-1, keepdims=True)
+
+
+def _d_dot(d: Derivatives, g: int, y: int, args: Sequence[int], value: Value) -> Iterator[int | None]:
+    a, b = args
+    yield d.op(Op.MUL, g, b)
+    yield d.op(Op.MUL, g, a)
+
+
+def layernorm_shape(a: Shape) -> Shape:
+    """A vector of at least two components (of one, it is always 0)."""
+    return vector_shape(a)
+
+
+def _layernorm(x: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"):  # inf and NaN rows give IEEE results, quietly
+        centred = x - x.mean(axis=-1, keepdims=True)
+        return centred / np.sqrt((centred * centred).mean(axis=-1, keepdims=True) + LAYERNORM_EPS)
+
+
+def _d_layernorm(d: Derivatives, g: int, y: int, args: Sequence[int], value: Value) -> Iterator[int | None]:
+    """r (g - mean(g) - y mean(g y)), r = 1 / sqrt(var(x) + eps) recomputed from x."""
+    (x,) = args
+    n = d.const(float(d.value(x).shape[0]))
+    centred = d.op(Op.SUB, x, d.op(Op.DIV, d.rowsum(x), n))
+    variance = d.op(Op.DIV, d.rowsum(d.op(Op.MUL, centred, centred)), n)
+    r = d.op(Op.RSTD, variance)
+    g_mean = d.op(Op.DIV, d.rowsum(g), n)
+    gy_mean = d.op(Op.DIV, d.rowsum(d.op(Op.MUL, g, y)), n)
+    yield d.op(Op.MUL, r, d.op(Op.SUB, d.op(Op.SUB, g, g_mean), d.op(Op.MUL, y, gy_mean)))
+
+
 def _d_rowsum(d: Derivatives, g: int, y: int, args: Sequence[int], value: Value) -> Iterator[int | None]:
     """Every element gets the total's gradient."""
     ones = d.op(Op.CONST, shape=d.value(args[0]).shape, domain=Domain.PARAM, attrs=(("value", 1.0),))
@@ -75,6 +118,8 @@ def row_entry(
     derivative,
     row: RowOp,
     arity: int = 1,
+    hint_on_one: str = "",
+    c_helper: str = "",
 ) -> OpDef:
     """A row op's entry: its shape rule, NumPy rule over the last axis, derivative and `RowOp`."""
 
@@ -99,6 +144,8 @@ def row_entry(
         shape=shape,
         numpy=numpy,
         row=row,
+        hint_on_one=hint_on_one,
+        c_helper=c_helper,
     )
 
 
@@ -109,6 +156,7 @@ _SOFTMAX_PASSES = (
     RowPass("expf(out_row[j] - top)", "total += out_row[j]"),
 )
 _SOFTMAX_ACCUMULATORS = (("top", "-FLT_MAX"), ("total", "0.0f"))
+_PER_CHILD_SCORES = "; to normalise per-child scores{across}, use child_softmax({arg})"
 
 
 def _rowsum_type(ctx, value: Value, args: Sequence[Value]) -> tuple[Shape, Domain]:
@@ -132,6 +180,7 @@ VECTOR: tuple[OpDef, ...] = (
         _softmax,
         _d_softmax,
         RowOp(_SOFTMAX_ACCUMULATORS, _SOFTMAX_PASSES, element="out_row[j] / total"),
+        hint_on_one=_PER_CHILD_SCORES,
     ),
     row_entry(
         Op.LOG_SOFTMAX,
@@ -145,6 +194,34 @@ VECTOR: tuple[OpDef, ...] = (
             element="{0} - top - log_total",
             setup="const float log_total = logf(total);",
         ),
+        hint_on_one=_PER_CHILD_SCORES,
+    ),
+    row_entry(
+        Op.DOT,
+        "dot",
+        dot_shape,
+        _dot,
+        _d_dot,
+        RowOp((("total", "0.0f"),), (RowPass("", "total += {0} * {1}"),), scalar="total"),
+        arity=2,
+    ),
+    row_entry(
+        Op.LAYERNORM,
+        "layernorm",
+        layernorm_shape,
+        _layernorm,
+        _d_layernorm,
+        # the mean, then the biased variance of the centred row (kept in out_row), then the scaled row
+        RowOp(
+            (("mean", "0.0f"), ("var", "0.0f")),
+            (
+                RowPass("{0}", "mean += out_row[j]"),
+                RowPass("out_row[j] - mean", "var += out_row[j] * out_row[j]", before="mean /= {n};"),
+            ),
+            element="out_row[j] * rstd",
+            setup="const float rstd = cx_rstd(var / {n});",
+        ),
+        c_helper=RSTD_HELPER,
     ),
     OpDef(
         Op.ROWSUM,
