@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from cortexc.runtime.linearize import Linearized, linearize
 from cortexc.runtime.params import check_params
 from cortexc.runtime.philox import EVAL, Dropout
 from cortexc.runtime.validate import check_forest, check_inputs
+
+if TYPE_CHECKING:
+    from cortexc.runtime.executor import DeviceArrayCalls, HostArrayCalls
 
 NO_CHILDREN = np.zeros(0, np.int64)
 
@@ -251,6 +254,10 @@ class InterpExecutor:
         return backward_linearized(
             cell, saved.lin, self._params, saved.inputs, saved.states, upstream, np.float32, saved.dropout
         )
+
+    def array_calls(self) -> HostArrayCalls | DeviceArrayCalls | None:
+        """None: the interpreter runs only on arrays it allocates (no calls on caller-allocated ones)."""
+        return None
 
 
 def cell_ir(source: str, source_file: str, defines: Mapping[str, int], name: str) -> Cell:

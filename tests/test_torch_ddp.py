@@ -168,14 +168,14 @@ def test_a_sparse_module_in_a_compiled_graph_on_several_ranks_runs_eagerly_or_is
     than one rank that would silently diverge, so the forward raises there: `fullgraph=True` refuses it,
     otherwise dynamo runs that forward eagerly, which averages the sparse gradient (several ranks faked
     here; the two-rank tests above run the averaging itself)."""
-    import cortexc.torch as cortexc_torch
+    import cortexc.torch.ddp as cortexc_ddp
 
     cls = cortexc.load(EXAMPLES / "binary_treelstm.cell", **DIMS).BinaryTreeLSTM
     forest = Forest.random(2, rng=rng, binary=True, max_children=2, max_nodes=7)
     word = torch.as_tensor(rng.integers(0, DIMS["V"], forest.num_nodes))
     batch = ForestBatch.from_forest(forest)
     synced = []
-    monkeypatch.setattr(cortexc_torch, "_distributed", lambda: True)
+    monkeypatch.setattr(cortexc_ddp, "_distributed", lambda: True)
     monkeypatch.setattr(CellModule, "_sparse_sync_group", lambda self: synced.append(self) and None)
     torch._dynamo.reset()
     module = CellModule(cls, sparse=True)

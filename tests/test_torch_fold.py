@@ -288,13 +288,13 @@ def test_the_sparse_tables_broadcast_rebuilds_the_table(binary, rng, monkeypatch
     Stood in for here by a broadcast that writes through `.data`, in a pretend group of 2 ranks."""
     import torch.distributed as dist
 
-    import cortexc.torch as cortexc_torch
+    import cortexc.torch.ddp as cortexc_ddp
 
     module, _ = _pair(binary, rng, sparse=True)
     forest, word = _case(rng)
     _same_as_unfolded(module, forest, word)
     rank0 = torch.from_numpy(rng.standard_normal(module.E.shape).astype(np.float32))
-    monkeypatch.setattr(cortexc_torch, "_distributed", lambda: True)
+    monkeypatch.setattr(cortexc_ddp, "_distributed", lambda: True)
     monkeypatch.setattr(dist, "new_group", lambda *a, **k: "group")
     monkeypatch.setattr(dist, "get_global_rank", lambda group, rank: 0)
     monkeypatch.setattr(dist, "broadcast", lambda table, src, group: table.data.copy_(rank0))

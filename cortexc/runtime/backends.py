@@ -22,13 +22,16 @@ from cortexc.runtime.package import CellSpec
 class ExecutorRequest:
     """What a factory gets: the cell's `cell.json` entry, its kernel source for the backend's target
     (already checked against its hash; empty for the interpreter), where that source lives, a name for
-    build caches, and a way to get the cell's IR (it compiles the source: only the interpreter asks)."""
+    build caches, and a way to get the cell's IR (it compiles the source: only the interpreter asks).
+    `arch`: the GPU's compute capability, where the caller knows it and keeps the arrays itself
+    (`cortexc.torch`: torch's CUDA device); the cuda backend then builds for it and needs no PyCUDA."""
 
     spec: CellSpec
     source: str
     source_path: Path
     name: str
     compile_ir: Callable[[], Any]
+    arch: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,7 @@ def compile_ir(source: str, source_file: str, defines: Mapping[str, int], name: 
 def _cuda(request: ExecutorRequest) -> Executor:
     from cortexc.runtime.cuda import CudaExecutor
 
-    return CudaExecutor(request.spec, request.source, request.name)
+    return CudaExecutor(request.spec, request.source, request.name, arch=request.arch)
 
 
 def _cuda_emulated(request: ExecutorRequest) -> Executor:

@@ -16,7 +16,7 @@ import weakref
 from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -27,6 +27,9 @@ from cortexc.runtime.build import load_library
 from cortexc.runtime.linearize import Linearized
 from cortexc.runtime.package import CellSpec
 from cortexc.runtime.philox import EVAL, Dropout
+
+if TYPE_CHECKING:
+    from cortexc.runtime.executor import DeviceArrayCalls, HostArrayCalls
 
 _P = ctypes.c_void_p
 
@@ -224,6 +227,8 @@ class CpuExecutor:
 
     TARGET = "c"
 
+    #: the calls on caller-allocated arrays (`run_forward`/`run_backward`) take host NumPy arrays
+    on_device: Literal[False] = False
     #: `backward` takes `sparse_rows` (the model then asks for embedding gradients as rows only)
     sparse_backward = True
     #: which node kernel an inference runs where the package has a direct one (`cortexc.passes.direct`):
@@ -256,6 +261,11 @@ class CpuExecutor:
         self._fold_lock = threading.Lock()
         self.fold_builds = 0  # how many times tables were built (and the time they took): for tests, benchmarks
         self.fold_build_seconds = 0.0
+
+    def array_calls(self) -> HostArrayCalls | DeviceArrayCalls | None:
+        """Itself: `run_forward`/`run_backward` on host arrays, with `repack` and the folded tables
+        (`executor.HostArrayCalls`)."""
+        return self
 
     def _declare_entry_points(self) -> None:
         self.lib.cx_forward.argtypes = [ctypes.POINTER(CxCall)]

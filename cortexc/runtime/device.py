@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -39,6 +39,9 @@ from cortexc.runtime.build import load_library
 from cortexc.runtime.linearize import Linearized
 from cortexc.runtime.package import CellSpec
 from cortexc.runtime.philox import EVAL, Dropout
+
+if TYPE_CHECKING:
+    from cortexc.runtime.executor import DeviceArrayCalls, HostArrayCalls
 
 ALIGN = 256  # bytes: every array of an arena starts on a boundary this wide
 MIN_BLOCK = 1 << 20  # the smallest block the pool allocates, so small forests share one
@@ -277,6 +280,9 @@ class DeviceExecutor:
 
     TARGET = "cuda"
 
+    #: the calls on caller-allocated arrays (`run_forward_at`/`run_backward_at`) take device addresses
+    on_device: Literal[True] = True
+
     def __init__(self, spec: CellSpec, library_path: Path, launch: LaunchOptions | None = None):
         self.spec = spec
         self.section = spec.target(self.TARGET)
@@ -299,6 +305,11 @@ class DeviceExecutor:
         self.pool = ArenaPool(self.memory)
         self._params = DeviceParams(self.pool, 0, [], [])
         weakref.finalize(self, ArenaPool.close, self.pool)
+
+    def array_calls(self) -> HostArrayCalls | DeviceArrayCalls | None:
+        """Itself: `run_forward_at`/`run_backward_at` on device addresses, with `upload_packed`
+        (`executor.DeviceArrayCalls`)."""
+        return self
 
     def _launch_struct(self, stream: int = 0) -> ctypes.Structure:
         """Explicit options, else the package's (its compile options) with the environment's changes; and

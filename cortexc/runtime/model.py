@@ -254,9 +254,10 @@ class CellModel:
         return self._executor
 
     @classmethod
-    def make_executor(cls, device: str) -> Executor:
+    def make_executor(cls, device: str, arch: tuple[int, int] | None = None) -> Executor:
         """A new executor of this cell on `device` (its library built or loaded from the cache), with no
-        params yet: `set_params` comes next. `cortexc.torch` drives one per module."""
+        params yet: `set_params` comes next. `cortexc.torch` drives one per module (`arch`: the GPU's
+        compute capability for ``device="cuda"``, from torch: see `ExecutorRequest`)."""
         chosen = backend(device)
         target = chosen.target
         request = ExecutorRequest(
@@ -265,6 +266,7 @@ class CellModel:
             source_path=cls._package / cls._spec.target(target).kernel_file if target is not None else cls._package,
             name=f"{cls._description.package}_{cls.signature.name}",
             compile_ir=lambda: cls.cell,
+            arch=arch,
         )
         return chosen.make_executor(request)
 

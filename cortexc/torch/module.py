@@ -1,0 +1,333 @@
+"""`CellModule`, a compiled cell as a `torch.nn.Module`, and `ForestBatch`, the forest it runs on.
+
+The module owns the params (`nn.Parameter`s) and checks what it is given (eagerly); it runs the cell
+through the custom ops (`ops.cell_forward`, whose autograd formula is `ops.cell_backward`), on the runner
+of its params' device (`runner._Runner`). With ``sparse=True`` an embedding table is looked up here first
+(`_compact_lookup`: only the rows the forest reads, so its gradient is sparse), and synchronised over the
+ranks by `ddp`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from cortexc.errors import CortexcError, InputError
+from cortexc.runtime.forest import Forest
+from cortexc.runtime.linearize import linearize
+from cortexc.runtime.model import CellModel, cell_class
+from cortexc.runtime.signature import CellSignature, EmbeddingSig
+from cortexc.runtime.validate import check_forest, checked_flag
+from cortexc.torch import ddp
+from cortexc.torch.ops import _split, cell_forward
+from cortexc.torch.runner import _HANDLES, _RUNNERS, _Runner, _runner
+
+
+# ------------------------------------------------------------------------------------------------ forest
+@dataclass(frozen=True, eq=False)
+class ForestBatch:
+    """A linearised forest as int64 tensors (`runtime/linearize.py`): what the kernels walk.
+
+    `internal` is the level-order tail of the nodes with children (its length sizes the hoisted rows,
+    so that shapes follow from tensor sizes alone, as `torch.compile` needs); `roots` the roots in the
+    forest's order. `forest` is kept to check the structure against a cell (in eager mode).
+    """
+
+    level_order: Tensor
+    level_ptr: Tensor
+    edge_ptr: Tensor
+    edge_child: Tensor
+    roots: Tensor
+    internal: Tensor
+    forest: Forest | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_forest(cls, forest: Forest) -> ForestBatch:
+        if not isinstance(forest, Forest):
+            raise InputError(f"ForestBatch.from_forest expects a cortexc.Forest, got {type(forest).__name__}")
+        lin = linearize(forest)
+        order = torch.tensor(lin.level_order)  # copies: the forest's arrays are read-only
+        batch = cls(
+            level_order=order,
+            level_ptr=torch.tensor(lin.level_ptr),
+            edge_ptr=torch.tensor(lin.edge_ptr),
+            edge_child=torch.tensor(lin.edge_child),
+            roots=torch.tensor(lin.roots),
+            internal=order[lin.num_leaves :].clone(),  # its own tensor: a view would tie its size to a storage offset
+            forest=forest,
+        )
+        return batch.mark_dynamic()
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.level_order.shape[0])
+
+    def tensors(self) -> tuple[Tensor, ...]:
+        """The tensors in the order the ops take them."""
+        return (self.level_order, self.level_ptr, self.edge_ptr, self.edge_child, self.roots, self.internal)
+
+    def mark_dynamic(self) -> ForestBatch:
+        """Mark every size dynamic for `torch.compile` (`from_forest` does): forests of any size then share
+        one graph, except where two sizes of the first forest were equal (dynamo gives them one symbol)."""
+        for tensor in self.tensors():
+            torch._dynamo.maybe_mark_dynamic(tensor, 0)
+        return self
+
+
+# ------------------------------------------------------------------------------------------------ module
+class CellModule(nn.Module):
+    """A compiled cell as an `nn.Module`: ``CellModule(mod.BinaryTreeLSTM, seed=0)``.
+
+    Params are float32 `nn.Parameter`s named and ordered as the `.cell` file declares them (so
+    `state_dict` keys are the `.npz` keys of the NumPy API), initialised as the NumPy model with the
+    same seed. ``module(batch, **inputs)`` takes a `ForestBatch` (or a `Forest`) and one tensor per
+    input and returns every state (`[N, ...]`, node order) and output by name, in autograd's graph.
+    With ``sparse=True`` the gradient of a param used only as an embedding table is a sparse COO
+    tensor of the looked-up rows (as `nn.Embedding(sparse=True)`); eager mode only. Such tables are
+    DDP-ignored (DDP's reducer takes sparse gradients only from `nn.Embedding`) and synchronised by the
+    module itself in a process group of more than one rank: rank 0's values broadcast before the first
+    forward with grad enabled, each synced backward's sparse gradient (with what earlier backwards under
+    DDP's ``no_sync()`` accumulated in the table's ``.grad``) averaged over the ranks (`ddp._SparseAllReduce`);
+    under ``no_sync()`` nothing is averaged and no collective runs, as for DDP's own params.
+    `train()` / `eval()` switch the cell's `dropout` calls on and off (a module starts in training mode):
+    in training mode each call draws its dropout seed from torch's default generator (so
+    `torch.manual_seed` reproduces a run) and the backward replays the same masks.
+    With ``fold=True`` (the default; the ``fold`` attribute too) a CPU inference — grad disabled, or no
+    param or float input requiring grad — reads folded look-up projections (bitwise the same results),
+    built again after any param change torch's version counters record; `params_changed` for others.
+    """
+
+    def __init__(self, cls: type[CellModel], seed: int | None = 0, sparse: bool = False, fold: bool = True):
+        super().__init__()
+        if not (isinstance(cls, type) and issubclass(cls, CellModel)):
+            raise CortexcError(f"CellModule wraps a cell class of a generated package, got {cls!r}")
+        self._cell_ref = (str(cls._package), cls.signature.name)
+        self.sparse = checked_flag(sparse, "sparse")
+        self.fold = checked_flag(fold, "fold")
+        from cortexc.runtime.params import init_params
+
+        values = init_params(cls.signature, seed)
+        for decl in cls.signature.params:
+            if hasattr(self, decl.name):
+                raise CortexcError(f"param {decl.name} of cell {cls.signature.name} clashes with an nn.Module name")
+            self.register_parameter(decl.name, nn.Parameter(torch.from_numpy(values[decl.name])))
+        self._attach(cls)
+        if self.sparse:  # DDP(cell) leaves them to the module (nested in a bigger model: ignore_sparse_tables_for_ddp)
+            names = [alias for name in self.sparse_tables for alias in ddp._ddp_names("", name)]
+            nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(self, names)
+
+    @property
+    def sparse_tables(self) -> list[str]:
+        """The params whose gradient is sparse (``sparse=True``): the embedding tables, in ABI order."""
+        if not self.sparse:
+            return []
+        tables = {embedding.param for embedding in self.signature.embeddings}
+        return [name for name in self.runner.params if name in tables]
+
+    def _attach(self, cls: type[CellModel]) -> None:
+        self.signature: CellSignature = cls.signature
+        self._cell_class = cls
+        self._handle = next(_HANDLES)
+        _RUNNERS[self._handle] = _Runner(cls)
+        self._device_handles: dict[tuple[str, int | None], int] = {}  # (backend, device index) -> handle
+
+    def use_backend(self, backend: str) -> CellModule:
+        """Run this module's CPU tensors on another executor: ``"cuda-emu"`` drives the CUDA host path
+        (what a module on a GPU runs) through the emulated CUDA library, on the CPU; ``"cpu"`` (the
+        default) the compiled C. Returns the module."""
+        if backend not in ("cpu", "cuda-emu"):
+            raise CortexcError(f"use_backend takes 'cpu' or 'cuda-emu', got {backend!r} (for a GPU: .to('cuda'))")
+        self._cpu_backend = backend
+        return self
+
+    def _handle_for(self, device: torch.device) -> int:
+        """The op handle of the runner for tensors on `device` (made on first use)."""
+        backend = "cuda" if device.type == "cuda" else getattr(self, "_cpu_backend", "cpu")
+        if device.type not in ("cpu", "cuda"):
+            raise CortexcError(f"CellModule runs on the cpu or cuda, not on {device}")
+        if backend == "cpu":
+            return self._handle
+        key = (backend, device.index)
+        if key not in self._device_handles:
+            handle = next(_HANDLES)
+            _RUNNERS[handle] = _Runner(self._cell_class, backend, device.index)
+            self._device_handles[key] = handle
+        return self._device_handles[key]
+
+    @property
+    def runner(self) -> _Runner:
+        return _RUNNERS[self._handle]
+
+    def __del__(self) -> None:
+        _RUNNERS.pop(getattr(self, "_handle", 0), None)
+        for handle in getattr(self, "_device_handles", {}).values():
+            _RUNNERS.pop(handle, None)
+
+    # --- pickling: the cell class and the executor are made again from the package directory -------
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for name in ("_handle", "signature", "_cell_class", "_device_handles", "_sparse_group"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("fold", True)  # a module pickled before the switch existed
+        super().__setstate__(state)
+        self._attach(cell_class(*self._cell_ref))
+
+    def params_changed(self) -> None:
+        """Say that the params changed in a way torch's version counters do not record (a write through
+        ``p.data``, or through memory shared outside torch): the packed weights and folded tables are made
+        again from them on the next call. Every other change (optimizer steps, ``load_state_dict``,
+        ``with torch.no_grad(): p.copy_(...)``, ``.to()``, replacing a param) is seen without it."""
+        for runner in self._all_runners():
+            runner.forget_params()
+
+    def _all_runners(self) -> list[_Runner]:
+        handles = [self._handle, *self._device_handles.values()]
+        return [_RUNNERS[h] for h in handles if h in _RUNNERS]
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        """`nn.Module._apply` (`.to()`, `.float()`, ...), then drop the state derived from the old params:
+        the new ones have new storage, which the keys see anyway; this frees the old tables at once."""
+        result = super()._apply(fn, recurse)
+        if hasattr(self, "_handle"):
+            for runner in self._all_runners():
+                runner.forget_params()
+        return result
+
+    # --- running -----------------------------------------------------------------------------------
+    def forward(self, batch: ForestBatch | Forest, **inputs: Tensor) -> dict[str, Tensor]:
+        if isinstance(batch, Forest):
+            batch = ForestBatch.from_forest(batch)
+        if not isinstance(batch, ForestBatch):
+            raise InputError(f"expected a cortexc.torch.ForestBatch or a cortexc.Forest, got {type(batch).__name__}")
+        runner = self.runner
+        params = [getattr(self, name) for name in runner.params]
+        device = params[0].device if params else torch.device("cpu")
+        handle = self._handle_for(device)
+        eager = not torch.compiler.is_compiling()
+        if eager:
+            self._check(batch, inputs, device)
+        converted = {}
+        for decl in self.signature.inputs:
+            value = inputs[decl.name]
+            # index inputs as given (the op checks their range, then makes them int32); float ones as float32
+            converted[decl.name] = value.contiguous() if decl.is_index else value.to(torch.float32).contiguous()
+        if self.sparse and not eager and torch.is_grad_enabled() and ddp._distributed():
+            raise CortexcError(
+                "CellModule(sparse=True) in a compiled graph would give its tables dense gradients, which DDP "
+                "ignores and nothing averages over the ranks: with more than one rank, use sparse=False under "
+                "torch.compile(fullgraph=True) (without fullgraph, this forward runs eagerly)"
+            )
+        float_inputs = [converted[d.name] for d in self.signature.inputs if not d.is_index]
+        # no backward can follow this call (autograd records the op only with grad enabled and some tensor
+        # argument requiring grad): then it may read folded look-up projections, and needs no sparse tables
+        inference = not (torch.is_grad_enabled() and any(t.requires_grad for t in [*params, *float_inputs]))
+        if self.sparse and eager and not inference:
+            group = self._sparse_sync_group()
+            for embedding in self.signature.embeddings:
+                position = runner.params.index(embedding.param)
+                table = params[position] if group is None else ddp._SparseAllReduce.apply(params[position], group)
+                params[position], converted[embedding.index] = _compact_lookup(
+                    table, converted[embedding.index], embedding, batch
+                )
+        train = self.training and runner.dropout_sites > 0
+        if train:  # torch's default generator: torch.manual_seed(k) makes a run reproducible
+            dropout_seed = torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)
+        else:
+            dropout_seed = torch.zeros((), dtype=torch.int64)
+        cell_inputs = [converted[name] for name in runner.inputs]
+        fold = self.fold and inference and device.type == "cpu"
+        keep = not inference
+        results = cell_forward(handle, params, cell_inputs, *batch.tensors(), train, dropout_seed, fold, keep)
+        n = batch.level_order.shape[0]
+        out = {name: state[:n] for name, state in zip(runner.states, results)}
+        outputs = _split(_runner(handle), results)[3]  # the handle's runner: its backend decides what is saved
+        out.update(zip(runner.spec.abi.outputs, outputs))
+        return out
+
+    def _sparse_sync_group(self) -> Any:
+        """The process group that synchronises the sparse tables, or None (`ddp._sparse_sync_group`)."""
+        return ddp._sparse_sync_group(self)
+
+    def _check(self, batch: ForestBatch, inputs: Mapping[str, Tensor], device: torch.device) -> None:
+        """The NumPy API's checks, on tensors: the forest's structure, the inputs' names, shapes, dtypes
+        and index ranges (eager mode; a compiled graph trusts what it was traced with)."""
+        sig = self.signature
+        if batch.forest is not None:
+            check_forest(sig, batch.forest)
+        declared = {decl.name: decl for decl in sig.inputs}
+        unknown = sorted(set(inputs) - set(declared))
+        if unknown:
+            raise InputError(
+                f"cell {sig.name} has no input {', '.join(map(repr, unknown))} "
+                f"(its inputs: {', '.join(declared) or 'none'})"
+            )
+        missing = [name for name in declared if name not in inputs]
+        if missing:
+            raise InputError(f"missing input {', '.join(map(repr, missing))} for cell {sig.name}")
+        n = batch.num_nodes
+        for name, decl in declared.items():
+            value = inputs[name]
+            if not isinstance(value, Tensor):
+                raise InputError(f"input {name} must be a torch.Tensor, got {type(value).__name__}")
+            if value.device != device:
+                raise InputError(f"input {name} is on {value.device}; this CellModule's params are on {device}")
+            if decl.is_index:
+                if tuple(value.shape) != (n,):
+                    raise InputError(
+                        f"input {name} must have shape ({n},) (one index per node), got {tuple(value.shape)}"
+                    )
+                if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+                    raise InputError(f"input {name} is an index input and must be integers, got dtype {value.dtype}")
+                assert decl.index_range is not None
+                bad = torch.nonzero((value < 0) | (value >= decl.index_range)).flatten()
+                if bad.numel():
+                    node = int(bad[0])
+                    raise InputError(
+                        f"input {name}: node {node} has index {int(value[node])}, outside "
+                        f"[0, {decl.index_range}) ({bad.numel()} nodes out of range)"
+                    )
+            else:
+                expected = (n, *decl.shape)
+                if tuple(value.shape) != expected:
+                    raise InputError(
+                        f"input {name} must have shape {expected} (one row per node), got {tuple(value.shape)}"
+                    )
+                if not value.is_floating_point():
+                    raise InputError(f"input {name} must be float32, got dtype {value.dtype}")
+
+    def extra_repr(self) -> str:
+        return f"{self.signature.name}, sparse={self.sparse}, fold={self.fold}"
+
+
+# ------------------------------------------------------------------------------------------------ sparse tables
+def _lookup_nodes(embedding: EmbeddingSig, batch: ForestBatch) -> Tensor:
+    """The nodes that read the table (`EmbeddingSig.rows`)."""
+    n = batch.level_order.shape[0]
+    internal = batch.internal.shape[0]
+    sets = {
+        "all": lambda: batch.level_order,
+        "leaves": lambda: batch.level_order[: n - internal],
+        "internal": lambda: batch.internal,
+        "roots": lambda: batch.roots,
+    }
+    parts = [sets[rows]() for rows in embedding.rows]
+    return parts[0] if len(parts) == 1 else torch.unique(torch.cat(parts))
+
+
+def _compact_lookup(table: Tensor, index: Tensor, embedding: EmbeddingSig, batch: ForestBatch) -> tuple[Tensor, Tensor]:
+    """The looked-up rows of `table` (through `F.embedding(sparse=True)`, so its gradient is a sparse
+    COO tensor of those rows) and the index input renumbered into them: the kernels then read and
+    write only those rows."""
+    nodes = _lookup_nodes(embedding, batch)
+    rows, inverse = torch.unique(index[nodes].long(), return_inverse=True)
+    compact = nn.functional.embedding(rows, table, sparse=True)
+    renumbered = torch.zeros_like(index)
+    renumbered[nodes] = inverse.to(index.dtype)
+    return compact, renumbered
