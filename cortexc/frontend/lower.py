@@ -373,8 +373,16 @@ def _call(scope: _Scope, expr: ast.Call) -> int | None:
             expr.loc,
         )
         return None
-    if func in CALLS:
-        return _function(scope, expr, OPS[CALLS[func]])
+    if func in CALLS:  # the operands here, not in _function: a frame less per level of nesting (MAX_NESTING)
+        definition = OPS[CALLS[func]]
+        arity = definition.arity or 1
+        if len(expr.args) != arity:
+            sink.report(f"{func} takes {_COUNTS.get(arity, f'{arity} arguments')}, got {len(expr.args)}", expr.loc)
+            return None
+        operands = []
+        for operand in expr.args:
+            operands.append(_float_operand(scope, operand))
+        return _function(scope, expr, definition, operands)
     if func not in REDUCTIONS:
         sink.report(f"unknown function '{func}'" + did_you_mean(func, FUNCTIONS), expr.loc)
         return None
@@ -396,17 +404,13 @@ def _call(scope: _Scope, expr: ast.Call) -> int | None:
 _COUNTS = {1: "one argument", 2: "two arguments"}
 
 
-def _function(scope: _Scope, expr: ast.Call, definition: OpDef) -> int | None:
-    """A call of a function the op registry defines (elementwise and row ops), checked by its entry's
-    shape rule."""
+def _function(scope: _Scope, expr: ast.Call, definition: OpDef, operands: list[int | None]) -> int | None:
+    """A call of a function the op registry defines (elementwise and row ops), of its elaborated operands
+    (None: one had an error, reported), checked by its entry's shape rule."""
     func, sink = expr.func, scope.sink
     arity = definition.arity or 1
-    if len(expr.args) != arity:
-        sink.report(f"{func} takes {_COUNTS.get(arity, f'{arity} arguments')}, got {len(expr.args)}", expr.loc)
-        return None
-    maybe = [_float_operand(scope, a) for a in expr.args]
-    args = [a for a in maybe if a is not None]
-    if len(args) != len(maybe):
+    args = [a for a in operands if a is not None]
+    if len(args) != len(operands):
         return None
     values = [_value(scope, a) for a in args]
     if definition.kind == OpKind.VECTOR:
