@@ -603,7 +603,8 @@ cell Reductions on tree {
         hs = U @ child.h
         f = sigmoid(W_f @ x + U_f @ child.h + b)
         c = sum(f * child.c) + tanh(a) * sum(1) / 4 + mean(a * child.h) + sum(a - child.c) / 8
-        h = tanh(sum(hs) + mean(child.h) + max(hs) + a / (sum(1) + 1) + max(child.c) * 0.5 + c + mean(tanh(a)))
+        m = mean(tanh(a) * child.h)
+        h = tanh(sum(hs) + mean(child.h) + max(hs) + a / (sum(1) + 1) + max(child.c) * 0.5 + c + m)
     }
 }""",
     ),
@@ -650,7 +651,7 @@ cell Embed on tree {
     input w : index[V]
     param E[V, X], W[H, X], U[H, H], W_o[C, X]
     state h[H]
-    node { h = tanh(W @ E[w] + sum(U @ child.h) + W @ sum(E[w] * 0.5)) }
+    node { h = tanh(W @ E[w] + sum(U @ child.h) + W @ sum(E[w] * child.h)) }
     output o[C] = W_o @ E[w]
 }""",
     ),
@@ -762,7 +763,7 @@ def test_the_tested_cells_reach_every_gradient_rule():
         Op.SLICE,
         Op.CONCAT,
         Op.EMBED,
-        Op.EXPAND,
+        # (no EXPAND: a reduction takes per-child values or numbers, sum(1), which have no gradient)
         Op.SUM,
         Op.MEAN,
         Op.MAX,
@@ -789,33 +790,33 @@ def test_the_tested_cells_reach_every_gradient_rule():
         "max of a per-child value": lambda o, d, r: o == Op.MAX and d == (C,),
         "sum of a per-child matrix": lambda o, d, r: o == Op.SUM and d == (C,) and r == (2,),
         "expand of a scalar (sum(1))": lambda o, d, r: o == Op.EXPAND and r == (0,),
-        "expand of a per-node vector": lambda o, d, r: o == Op.EXPAND and d == (N,) and r == (1,),
         "child_softmax of a per-child vector": lambda o, d, r: o == Op.CHILD_SOFTMAX and d == (C,),
     }
     missing = [what for what, test in wanted.items() if not any(test(*s) for s in seen)]
     assert not missing, missing
 
 
-def test_max_over_a_per_node_value_gets_the_gradient_once():
-    """``max(e)`` with a per-node ``e`` is ``e`` for a node with children (the spec takes the
-    argument once per child): its gradient is the upstream gradient, whatever the number of
-    children. Every child copy ties, so they must share it rather than each get it whole."""
+def test_max_over_tied_children_shares_the_gradient():
+    """Children whose states tie for ``max`` share its gradient (as torch.amax): each gets 1/3 of it, not
+    the whole (a reduction reads per-child values only: `mean(x)` of a per-node x is an error)."""
     cell = inline("""
-cell MaxOfNode on tree {
+cell MaxOfTies on tree {
     dim X = 2
     input x[X]
     state h[X]
-    node { h = max(x) + mean(x) }
+    leaf { h = x }
+    node { h = max(child.h) + mean(child.h) + x }
 }""")
     forest = Forest.from_parents([3, 3, 3, -1])  # a root with three leaves
-    x = np.arange(8.0).reshape(4, 2)
+    x = np.array([[1.0, 2.0]] * 3 + [[5.0, 7.0]])
     out = reference.run(cell, forest, {}, {"x": x}, np.float64)
-    np.testing.assert_array_equal(out["h"][3], 2 * x[3])
+    np.testing.assert_array_equal(out["h"][3], 2 * x[0] + x[3])
     upstream = {"h": np.zeros((4, 2))}
     upstream["h"][3] = 1.0
     grads = analytic(cell, forest, {}, {"x": x}, upstream)
     expected = np.zeros((4, 2))
-    expected[3] = 2.0  # d(max(x) + mean(x))/dx at the root; leaves: 0 (nothing reads their x)
+    expected[:3] = 2.0 / 3.0  # max: a third each (tied), mean: a third each
+    expected[3] = 1.0
     np.testing.assert_allclose(grads["x"], expected, rtol=1e-12)
 
 

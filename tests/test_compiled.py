@@ -342,7 +342,8 @@ cell Red on tree {
         n = one * k + one * mean(1)
         m = mean(tanh(U @ child.h + W @ x))
         mx = max(child.h * 2 - 1) + max(-abs(child.h) - 5)
-        h = m + mx + sum(child.h) / H + b * sum(1) + mean(x[1:] * 2) + max(x[:H] * 0.0 + k) + sum(b)
+        r = mean(x[1:] * 2 + child.h) + max(x[:H] * 0.0 + k + child.h)
+        h = m + mx + sum(child.h) / H + b * sum(1) + r + b * sum(H)
     }
 }
 """,
@@ -469,7 +470,7 @@ cell MI on tree(arity = 3) {
     leaf { h = x; M = A * 2 }
     node {
         k = sum(1)
-        s = sum(softmax(child.h)) + mean(1) * x + max(x) + k * x + k
+        s = sum(softmax(child.h)) + mean(1) * x + max(x + child.h) + k * x + k
         e = W @ (exp(child[1].h) * x) + U @ (-child[0].h) + max(child.h - 3)
         t = concat(child.h, x)[2:8]
         h = tanh(s + e + sum(t) + U @ concat(x[0:3], child[2].h[3:]))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from cortexc.errors import CellTypeError
 from cortexc.frontend import lower_source, parse
 from cortexc.ir.cell import Body, Cell, Init, InitKind, Structure
 from cortexc.ir.verify import verify_cell
@@ -209,9 +210,13 @@ def test_sum_of_a_constant_counts_the_children():
     assert tree(cell.node, "h") == "mul(param:b, sum(expand(const:1.0)))"
 
 
-def test_mean_and_max_of_a_node_value_are_taken_per_child():
-    cell = lower_one(small("h = mean(b) + max(child.h)"))
-    assert tree(cell.node, "h") == "add(mean(expand(param:b)), max(child_state:h))"
+def test_a_reduction_takes_per_child_values_and_numbers_only():
+    """Version 3: `mean(b)` of a per-node b is an error (Version 2 took b once per child); a number is taken
+    once per child, so `sum(1)` counts the children."""
+    cell = lower_one(small("h = b * sum(1) + max(child.h)"))
+    assert tree(cell.node, "h") == "add(mul(param:b, sum(expand(const:1.0))), max(child_state:h))"
+    with pytest.raises(CellTypeError, match="mean reduces over the children, but b is the same for every child"):
+        lower_one(small("h = mean(b) + max(child.h)"))
 
 
 def test_dims_are_scalars_in_expressions():

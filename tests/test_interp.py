@@ -594,7 +594,7 @@ cell Corners on tree(arity = 3) {
         mx = max(child.s)
         k0 = child[0].s; k1 = child[1].s; k2 = child[2].s
         dims = x * H + K
-        sx = sum(x)
+        sx = x * sum(1)
         M = tanh(P @ Q + sum(child.M) @ (P @ Q))
         S = concat(M, sum(child.M))
         v = tanh(M @ x) + max(child.M @ child.v) + sum(M @ child.v) + sum(child.M @ x)

@@ -384,7 +384,8 @@ def _call(scope: _Scope, expr: ast.Call) -> int | None:
             operands.append(_float_operand(scope, operand))
         return _function(scope, expr, definition, operands)
     if func not in REDUCTIONS:
-        sink.report(f"unknown function '{func}'" + did_you_mean(func, FUNCTIONS), expr.loc)
+        hint = _MISSING_FUNCTIONS.get(func) or did_you_mean(func, FUNCTIONS)
+        sink.report(f"unknown function '{func}'" + hint, expr.loc)
         return None
     if len(expr.args) != 1:
         sink.report(f"{func} takes one argument, got {len(expr.args)}", expr.loc)
@@ -396,12 +397,43 @@ def _call(scope: _Scope, expr: ast.Call) -> int | None:
     # a reduction over the children
     if not _children_visible(scope, f"{func}(...)", expr.loc):
         return None
-    if v.domain != Domain.CHILD:  # taken once per child even when it reads no child
+    if v.domain != Domain.CHILD and not _is_number(b.values, arg):
+        sink.report(
+            f"{func} reduces over the children, but {_text(expr.args[0])} is the same for every child (it reads "
+            f"no per-child value); over a vector's components, write dot(v, w) for a weighted sum or layernorm(v)",
+            expr.loc,
+        )
+        return None
+    if v.domain != Domain.CHILD:  # a number taken once per child: sum(1) counts the children
         arg = b.add(Op.EXPAND, (arg,), v.shape, Domain.CHILD, loc=expr.loc)
     return b.add(REDUCTIONS[func], (arg,), v.shape, Domain.NODE, loc=expr.loc)
 
 
 _COUNTS = {1: "one argument", 2: "two arguments"}
+
+#: functions users reach for that the language has not, and what to write instead
+_MISSING_FUNCTIONS = {
+    "transpose": ": params are used as declared; declare the param transposed (param U[K, M]) and write U @ v",
+    "reshape": ": shapes are as declared; slices (v[a:b]) cut vectors and concat(a, b) joins them",
+    "view": ": shapes are as declared; slices (v[a:b]) cut vectors and concat(a, b) joins them",
+    "outer": ": an outer product is only used through @, and outer(a, b) @ c is a * dot(b, c)",
+    "pow": ": there is no power function; write x * x for a square (exp(p * log(x)) for x > 0 otherwise)",
+}
+
+
+def _is_number(values: list[Value], index: int) -> bool:
+    """A value computed from constants alone (numbers and dims): the same for every child by nature."""
+    if values[index].domain != Domain.PARAM:
+        return False
+    stack = [index]
+    while stack:
+        value = values[stack.pop()]
+        if value.op == Op.CONST:
+            continue
+        if not value.args:
+            return False
+        stack.extend(value.args)
+    return True
 
 
 def _function(scope: _Scope, expr: ast.Call, definition: OpDef, operands: list[int | None]) -> int | None:

@@ -80,7 +80,8 @@ def parse(source: str, file: str = "<string>") -> ast.Module:
         raise CellSyntaxError(f"unexpected character {char!r}", loc(err.line, err.column)) from None
     except lark.exceptions.UnexpectedToken as err:
         where = _end_loc(lines, file) if err.token.type == "$END" else loc(err.line, err.column)
-        raise CellSyntaxError(_unexpected_message(err.token, err.expected), where) from None
+        message = _slip(source, err.token) or _unexpected_message(err.token, err.expected)
+        raise CellSyntaxError(message, where) from None
     except lark.exceptions.UnexpectedEOF as err:
         raise CellSyntaxError(_unexpected_message(None, err.expected), _end_loc(lines, file)) from None
     _check_nesting(tree, loc)
@@ -146,6 +147,20 @@ def _describe_terminal(name: str) -> str:
     if isinstance(pattern, lark.lexer.PatternStr):
         return repr(pattern.value)
     return name.lower()
+
+
+def _slip(source: str, token: Token) -> str:
+    """The message for a slip users make often, saying what to write instead ("" for any other error)."""
+    start = token.start_pos if token.start_pos is not None else 0
+    before = source[:start].rstrip()
+    if str(token) == "*" and before.endswith("*"):
+        return "there is no power operator '**': write x * x for a square (exp(p * log(x)) for x > 0 otherwise)"
+    if str(token) == "." and before.endswith("parent") and not before[:-6][-1:].isalnum():
+        return (
+            "a cell reads its children (child.h, child[k].h), never its parent: nodes are computed bottom up,"
+            " a parent after its children"
+        )
+    return ""
 
 
 def _unexpected_message(token: Token | None, expected: Iterable[str]) -> str:

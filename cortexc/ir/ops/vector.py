@@ -168,7 +168,8 @@ def _rowsum_type(ctx, value: Value, args: Sequence[Value]) -> tuple[Shape, Domai
 
 def _rowsum(env: NodeEnv, value: Value, xs: list[np.ndarray], arg_values: Sequence[Value]) -> np.ndarray:
     rank = len(arg_values[0].shape)
-    total = xs[0].sum(axis=tuple(range(-rank, 0))) if rank else xs[0]
+    with np.errstate(all="ignore"):  # inf - inf in a row of saturated values is NaN, quietly
+        total = xs[0].sum(axis=tuple(range(-rank, 0))) if rank else xs[0]
     return total.reshape(total.shape + value.shape)
 
 
