@@ -159,7 +159,7 @@ def chain_timings(case: dict[str, Any]) -> dict[str, float]:
 def any_order(model: Any) -> Any:
     """A second model of `model`'s class and params, run by its C built with ``-DCX_ANY_ORDER``."""
     from cortexc.runtime.build import C_FLAGS, build_shared
-    from cortexc.runtime.cpu import CpuExecutor
+    from cortexc.targets.c.executor import CpuExecutor
 
     cls = type(model)
     flags = (*C_FLAGS, "-DCX_ANY_ORDER")

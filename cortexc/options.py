@@ -19,6 +19,7 @@ from pathlib import Path
 
 from cortexc.errors import CortexcError, DimError
 from cortexc.runtime.abi import LaunchOptions
+from cortexc.targets import NAMES
 
 #: the largest dim a cell may declare or a define may set
 MAX_DIM = 1 << 24
@@ -43,7 +44,7 @@ def _shown(value: object) -> str:
 
 
 #: the kernel targets the code generators know (the backends that run them are in `cortexc.runtime.backends`)
-KNOWN_TARGETS = ("c", "cuda")
+KNOWN_TARGETS = NAMES  # the registered targets (`cortexc.targets`)
 
 
 @dataclass(frozen=True)

@@ -118,37 +118,19 @@ def schedule_stage(cells: tuple[Cell, ...], job: Job) -> tuple[Program, ...]:
 
 
 def target_stage(programs: tuple[Program, ...], job: Job) -> tuple[tuple[TargetProgram, ...], ...]:
-    """Requires: scheduled programs. Guarantees: per cell, one program per target of the options, after
-    that target's program passes: saved activations (`passes.saving`) for one whose training forward keeps
-    what the gradient kernels read (`Target.save_activations`), the direct node kernel (`passes.direct`) for
-    one whose inferences may skip hoisting (`Target.direct_max_k`), the column split
-    (`passes.columns.split_columns`) for a target that shares small levels
-    among blocks by columns (`Target.column_split`), deferred weight gradients
-    (`passes.deferred`) for one that computes them after the recursion (`Target.defer_outer_products`),
-    folded look-up projections (`passes.fold`) for one whose inferences may read folded tables
-    (`Target.fold_lookups`)."""
+    """Requires: scheduled programs. Guarantees: per cell, one program per target of the options, after that
+    target's own program passes (`Target.passes`, listed in its folder: for C saved activations, the direct
+    node kernel, the column split, deferred weight gradients and folded look-ups; for CUDA the column split
+    and deferred weight gradients)."""
     from cortexc.codegen.target import TARGETS
-    from cortexc.passes.columns import split_columns
-    from cortexc.passes.deferred import defer_outer_products
-    from cortexc.passes.direct import direct_node
-    from cortexc.passes.fold import fold_lookups
-    from cortexc.passes.saving import save_activations
 
     per_cell = []
     for program in programs:
         variants = []
         for name in job.options.targets:
-            target, variant = TARGETS[name], program
-            if target.save_activations:
-                variant = save_activations(variant)
-            if target.direct_max_k:
-                variant = direct_node(variant, target.direct_max_k)
-            if target.column_split:
-                variant = split_columns(variant, target.column_granule)
-            if target.defer_outer_products:
-                variant = defer_outer_products(variant, target.defer_min_width, target.defer_narrow)
-            if target.fold_lookups:
-                variant = fold_lookups(variant)
+            variant = program
+            for program_pass in TARGETS[name].passes:
+                variant = program_pass(variant)
             variants.append(TargetProgram(name, variant))
         per_cell.append(tuple(variants))
     return tuple(per_cell)

@@ -4,7 +4,7 @@
 #
 #   1. checks the carried files (.gpu/SHA256SUMS); prints the GPU, driver, Python, torch and nvcc
 #   2. installs the carried wheels into /tmp/site (pip --no-index --no-deps --target)
-#   3. preflight: builds one example's .cu exactly as cortexc/runtime/cuda.py does (nvcc, no GPU needed)
+#   3. preflight: builds one example's .cu exactly as cortexc/targets/cuda/executor.py does (nvcc, no GPU needed)
 #   4. builds PyCUDA from its sdist, offline, objects compiled in parallel; installs it into /tmp/site
 #   5. installs cortexc itself into /tmp/site (it maps grammars/ to cortexc.grammars: PYTHONPATH to the
 #      checkout is not enough), and runs tests and benchmark from a copy of tests/ benchmarks/ examples/
@@ -168,7 +168,7 @@ print('cortexc from', cortexc.__file__, '| lark', lark.__version__, 'from', lark
 }
 
 preflight_nvcc() {
-    step "preflight: the CUDA executor's nvcc build of examples/treernn.cell (cortexc/runtime/cuda.py, no GPU)"
+    step "preflight: the CUDA executor's nvcc build of examples/treernn.cell (cortexc/targets/cuda/executor.py, no GPU)"
     if ! command -v nvcc >/dev/null; then
         echo "nvcc not on PATH: skipped"
         return 0
@@ -179,7 +179,7 @@ preflight_nvcc() {
 import types
 
 import cortexc
-import cortexc.runtime.cuda as cuda
+import cortexc.targets.cuda.executor as cuda
 
 device = types.SimpleNamespace(compute_capability=lambda: (9, 0))
 driver = types.SimpleNamespace(Context=types.SimpleNamespace(get_device=lambda: device))
@@ -403,7 +403,7 @@ main() {
     export PYTHONPATH=$SITE
     run_step "cortexc install" install_cortexc
     [ "$LAST_RC" -eq 0 ] || { summary; return 1; }
-    run_step "nvcc preflight (the CUDA executor's build of a .cu, cortexc/runtime/cuda.py)" preflight_nvcc
+    run_step "nvcc preflight (the CUDA executor's build of a .cu, cortexc/targets/cuda/executor.py)" preflight_nvcc
     if [ "$DRY" != 1 ] || [ "${GPU_CHECK_DRY_PYCUDA:-0}" = 1 ]; then
         step "PyCUDA from its sdist"
         [ "$DRY" = 1 ] || find_libcuda

@@ -21,12 +21,12 @@ ROOT = Path(__file__).resolve().parents[1] / "cortexc"
 #: (layer, module prefixes), lowest first
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("cortexc.errors", "cortexc.version")),
-    ("runtime", ("cortexc.runtime",)),
+    ("runtime", ("cortexc.runtime", "cortexc.targets")),
     ("options", ("cortexc.options",)),
     ("ir", ("cortexc.ir",)),
     ("frontend", ("cortexc.frontend",)),
     ("passes", ("cortexc.passes",)),
-    ("codegen", ("cortexc.codegen",)),
+    ("codegen", ("cortexc.codegen", "cortexc.targets.*.target")),
     ("pipeline", ("cortexc.pipeline",)),
     (
         "api",
@@ -50,11 +50,15 @@ ALLOWED: dict[tuple[str, str], str] = {
 
 
 def layer_of(module: str) -> int:
-    """The index in `LAYERS` of a module (the longest matching prefix)."""
+    """The index in `LAYERS` of a module (the longest matching prefix; `*` matches one name: a target folder's
+    compile side, `cortexc.targets.*.target`, is the code generator's, the rest of the folder the runtime's)."""
     best, index = -1, -1
+    parts = module.split(".")
     for i, (_, prefixes) in enumerate(LAYERS):
         for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+            pattern = prefix.split(".")
+            matches = len(parts) >= len(pattern) and all(p in ("*", q) for p, q in zip(pattern, parts))
+            if matches and len(prefix) > best:
                 best, index = len(prefix), i
     if index < 0:
         raise ValueError(f"{module} is in no layer: add it to LAYERS")

@@ -103,7 +103,7 @@ def nvcc_compile(path: Path, device_only: bool = False, generated: bool = False)
     compiler, one ptxas run: ~40% of the time; g++ compiles the same host code in the emulated runs).
     `generated`: a package's `.cu`, compiled as a user's build system would, with no include path of
     cortexc's and from another folder (it must build alone); test kernels get `-I cortexc/runtime`."""
-    from cortexc.runtime.device import cuda_include_flags
+    from cortexc.targets.cuda.host import cuda_include_flags
 
     if device_only:
         target = ["-arch=sm_90", "-cubin", "-o", str(path.with_suffix(".cubin"))]

@@ -11,7 +11,6 @@ import subprocess
 import pytest
 
 from cortexc.codegen.render import render
-from cortexc.codegen.target import CUDA
 from cortexc.errors import CortexcError
 from cortexc.passes.columns import split_columns
 from cortexc.passes.deferred import defer_outer_products
@@ -20,6 +19,7 @@ from cortexc.pipeline import compile_file
 from cortexc.runtime import abi
 from cortexc.runtime.abi import LaunchMode, LaunchOptions
 from cortexc.runtime.package import PackageSpec
+from cortexc.targets.cuda.target import TARGET as CUDA
 from tests.helpers import EXAMPLES, REPO
 
 STRUCTS = {"cx_call": abi.CxCall, "cx_grad": abi.CxGrad, "cx_launch": abi.CxLaunch}
@@ -55,7 +55,7 @@ def test_generated_code_declares_the_abi_it_is_given():
     source = render(program, CUDA, "binary_treelstm.cell")
     for name, fields in abi.STRUCTS.items():
         assert abi.c_typedef(name, fields) in source, name
-    prelude = (REPO / "cortexc" / "runtime" / "cuda_prelude.cuh").read_text().rstrip()
+    prelude = (REPO / "cortexc" / "targets" / "cuda" / "cuda_prelude.cuh").read_text().rstrip()
     assert source.count(prelude) == 1 and '#include "' not in source
     cuda = source.replace(prelude, "")
     for name in abi.DEVICE_MEMORY_EXPORTS:  # what DeviceMemory checks a library for
@@ -71,7 +71,7 @@ def test_a_cuda_library_without_the_stream_abi_is_a_typed_error():
     typed error saying what to do, not an AttributeError."""
     import types
 
-    from cortexc.runtime.device import DeviceMemory
+    from cortexc.targets.cuda.host import DeviceMemory
 
     old = types.SimpleNamespace(**{name: lambda *a: 0 for name in abi.DEVICE_MEMORY_EXPORTS if name != "cx_mem_sync"})
     with pytest.raises(CortexcError, match="lacks cx_mem_sync.*compile the package again"):
@@ -98,8 +98,8 @@ def test_explicit_launch_options_win_over_the_environment(rng, tmp_path, monkeyp
     environment is read at each call."""
     import cortexc
     from cortexc import Forest
-    from cortexc.runtime.cuda_emulated import EmulatedCudaExecutor
     from cortexc.runtime.linearize import linearize
+    from cortexc.targets.cuda.emulated import EmulatedCudaExecutor
     from tests.helpers import random_inputs, relative_error
 
     monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path / "cache"))

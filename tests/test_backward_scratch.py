@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import cortexc
-import cortexc.runtime.cpu as cpu
+import cortexc.targets.c.executor as cpu
 from cortexc import Forest
 from cortexc.codegen.module import hoisted_gradients_set
 from cortexc.ir.program import KernelRole, Store, StoreMode, StoreTarget

@@ -357,7 +357,7 @@ def test_the_emulator_without_gxx_asks_for_gxx(tmp_path, monkeypatch):
     build.compiler_version.cache_clear()
     try:
         with pytest.raises(cortexc.BuildError, match=r"needs g\+\+ for device='cuda-emu'"):
-            from cortexc.runtime.cuda_emulated import build_emulated
+            from cortexc.targets.cuda.emulated import build_emulated
 
             build_emulated("int f(void) { return 0; }", "noemu")
     finally:

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import cortexc.runtime.cpu as cpu
-import cortexc.runtime.threads as cpu_threads
+import cortexc.targets.c.executor as cpu
+import cortexc.targets.c.threads as cpu_threads
 from cortexc import Forest
 from cortexc.runtime import linearize as linearize_module
 from cortexc.runtime.linearize import linearize

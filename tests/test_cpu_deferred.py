@@ -12,10 +12,10 @@ import pytest
 import cortexc
 from cortexc import Forest
 from cortexc.codegen.render import KEEP_ROWS
-from cortexc.codegen.target import DEFER_MIN_WIDTH_C
 from cortexc.ir.program import AccumOuter, AccumSum
 from cortexc.options import CompileOptions
 from cortexc.pipeline import Source, run_stages
+from cortexc.targets.c.target import DEFER_MIN_WIDTH_C
 from tests.helpers import EXAMPLES, random_inputs, relative_error, twin_models
 
 

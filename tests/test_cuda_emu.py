@@ -1,7 +1,7 @@
-"""The CPU emulator for CUDA kernels (cortexc/runtime/cuda_emu.h).
+"""The CPU emulator for CUDA kernels (cortexc/targets/cuda/cuda_emu.h).
 
 The kernels in tests/cuda_emu/*.cu (unmodified CUDA that includes the one nvcc prelude,
-cortexc/runtime/cuda_prelude.cuh) are compiled by g++ against the emulator, run through ctypes and compared with
+cortexc/targets/cuda/cuda_prelude.cuh) are compiled by g++ against the emulator, run through ctypes and compared with
 NumPy: a grid-stride vector add, a tiled matmul (whose variants without a barrier must come out wrong), a
 shuffle + atomicAdd block reduction and every warp intrinsic, and a cooperative persistent kernel synchronised
 by cx_grid_sync(). Real CUDA bugs (barrier divergence, deadlocks, bad launches, bad copies, stack overflow)
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-RUNTIME = REPO / "cortexc" / "runtime"
+RUNTIME = REPO / "cortexc" / "targets" / "cuda"  # the CUDA target: its emulator and nvcc prelude
 HEADER = RUNTIME / "cuda_emu.h"
 KERNELS = Path(__file__).resolve().parent / "cuda_emu"
 KERNEL_FILES = sorted(KERNELS.glob("*.cu"))
@@ -116,7 +116,7 @@ I = ctypes.c_int
 
 
 def test_every_kernel_includes_the_one_prelude():
-    """nvcc's side of the macros is one header (cortexc/runtime/cuda_prelude.cuh): every test kernel includes
+    """nvcc's side of the macros is one header (cortexc/targets/cuda/cuda_prelude.cuh): every test kernel includes
     it and defines none of its macros itself, so the nvcc compile below proves that header."""
     prelude = PRELUDE.read_text()
     defined = re.findall(r"^#define (CX_\w+)", prelude, re.MULTILINE)

@@ -157,7 +157,7 @@ def _stand_in_pycuda(monkeypatch, devices: int = 1) -> list[str]:
     import sys
     import types
 
-    from cortexc.runtime import cuda as cuda_runtime
+    from cortexc.targets.cuda import executor as cuda_runtime
 
     events: list[str] = []
     device = types.SimpleNamespace(compute_capability=lambda: (9, 0))
@@ -216,7 +216,7 @@ def test_pycuda_attaches_to_the_primary_context_of_torchs_device(monkeypatch):
     its primary context retained and pushed once per process, never created; a missing GPU is a typed error."""
     import torch
 
-    from cortexc.runtime import cuda as cuda_runtime
+    from cortexc.targets.cuda import executor as cuda_runtime
 
     events = _stand_in_pycuda(monkeypatch, devices=2)
     monkeypatch.delenv("CORTEXC_CUDA_DEVICE", raising=False)
@@ -243,8 +243,8 @@ def test_the_cuda_executor_with_a_stand_in_for_pycuda(packages, rng, monkeypatch
     device-to-device copy is a memmove) and nvcc by the emulator build. What is left for a GPU run is PyCUDA
     itself and the driver; cuda.py's own logic (the primary context, arch flags, results kept on the device)
     runs here."""
-    from cortexc.runtime import cuda as cuda_runtime
-    from cortexc.runtime.cuda_emulated import build_emulated
+    from cortexc.targets.cuda import executor as cuda_runtime
+    from cortexc.targets.cuda.emulated import build_emulated
 
     events = _stand_in_pycuda(monkeypatch)
     builds = []

@@ -37,14 +37,14 @@ CELLS = {
     "dagrnn_wide": ("dagrnn.cell", {"X": 200, "H": 200}),
     # hidden sizes of whole GEMM panels (16 floats) with GEMMs large enough (>= 2^20 multiply-adds a level)
     # that the C target shares a level of one tile by columns among the threads (passes/columns.py,
-    # driver_c.j2): 208 is 13 panels, so 2 threads own 6 and 7, 3 threads 4, 4 and 5
+    # c/driver.j2): 208 is 13 panels, so 2 threads own 6 and 7, 3 threads 4, 4 and 5
     "lstm_split": ("lstm.cell", {"X": 7, "H": 208}),
     "binary_treelstm_split": ("binary_treelstm.cell", {"V": 40, "X": 12, "H": 144, "C": 3}),
     "dagrnn_split": ("dagrnn.cell", {"X": 12, "H": 512}),  # one H x H GEMM a row: 4 rows are enough
     # SST's hidden size: 16 panels, 8 per thread (test_sst_batches_...)
     "binary_treelstm_h256_split": ("binary_treelstm.cell", {"V": 40, "X": 12, "H": 256, "C": 3}),
     # 256 x 64 multiply-adds a row in the node kernel: a forward's level of 8 rows or more (but one tile) is
-    # shared by the threads in blocks of rows (driver_c.j2, cx_rows_shared); too few for a column split
+    # shared by the threads in blocks of rows (c/driver.j2, cx_rows_shared); too few for a column split
     "lstm_rows": ("lstm.cell", {"X": 7, "H": 64}),
 }
 
@@ -465,7 +465,7 @@ LOAD_WORKER = r"""
 import os, sys
 from pathlib import Path
 import numpy as np
-import cortexc.runtime.threads as threads
+import cortexc.targets.c.threads as threads
 from cortexc import Forest
 from cortexc.runtime.loader import import_package
 
@@ -482,7 +482,7 @@ print(model._executor_for_device().lib.cx_num_threads())
 
 
 def test_runnable_others_reads_linux_loadavg():
-    from cortexc.runtime.threads import runnable_others
+    from cortexc.targets.c.threads import runnable_others
 
     assert runnable_others(b"0.52 0.41 0.30 3/120 9999\n", 0) == 2
     assert runnable_others(b"0.52 0.41 0.30 3/120 9999\n", 1) == 1
@@ -508,7 +508,7 @@ def test_other_runnable_threads_cap_the_threads(others, adapt, expected, package
 
 
 def test_reused_call_scratch_changes_no_bit(packages, rng):
-    """The executor reuses the hoisted rows' buffers between calls (runtime.cpu._Scratch): a large call,
+    """The executor reuses the hoisted rows' buffers between calls (targets.c.executor._Scratch): a large call,
     then smaller and larger ones, on one model give the same bits as a fresh model on each forest, and a
     backward after an inference (and after a larger backward) sees zeroed gradient rows, and an inference
     between a forward and its backward does not touch the rows that forward kept."""
@@ -538,7 +538,7 @@ def test_the_any_order_build_measured_against_sums_the_same_gradients_in_another
     """benchmarks/bench_chain.py states the cost of determinism against the same C built with -DCX_ANY_ORDER
     (each thread adds its tiles into an accumulator of its own): that build must be right, and differ."""
     from cortexc.runtime.build import C_FLAGS, build_shared
-    from cortexc.runtime.cpu import CpuExecutor
+    from cortexc.targets.c.executor import CpuExecutor
 
     monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
     module = cortexc.load(EXAMPLES / "lstm.cell", out_dir=tmp_path_factory.mktemp("pkg"), X=7, H=9)

@@ -1,4 +1,4 @@
-"""The CUDA target's host side (`cortexc.runtime.device`), run through the emulator: what goes to and
+"""The CUDA target's host side (`cortexc.targets.cuda.host`), run through the emulator: what goes to and
 from the device per call, arena reuse, and results kept for a backward while other calls run."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 import cortexc
 from cortexc import Forest
-from cortexc.runtime.device import DeviceMemory, Layout
+from cortexc.targets.cuda.host import DeviceMemory, Layout
 from tests.helpers import EXAMPLES, random_inputs, relative_error
 
 

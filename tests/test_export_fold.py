@@ -20,7 +20,8 @@ import cortexc
 from cortexc import Forest
 from cortexc.cli import main
 from cortexc.export import export
-from cortexc.runtime import cpu, safetensors
+from cortexc.runtime import safetensors
+from cortexc.targets.c import executor as cpu
 from tests.helpers import EXAMPLES, REPO, word_child_sum
 
 pytestmark = [

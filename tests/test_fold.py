@@ -13,7 +13,7 @@ import pytest
 
 import cortexc
 from cortexc import Forest, Vocab
-from cortexc.runtime import cpu
+from cortexc.targets.c import executor as cpu
 from cortexc.train import SGD, Adagrad, softmax_cross_entropy
 from tests.helpers import EXAMPLES, relative_error, sst_path, word_child_sum
 

@@ -1,4 +1,4 @@
-"""The float32 GEMM micro-kernel template (codegen/templates/gemm.h.j2), compiled with gcc and checked
+"""The float32 GEMM micro-kernel template (cortexc/targets/c/templates/gemm.h.j2), compiled with gcc and checked
 against NumPy float64 matmul through a small ctypes harness."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import jinja2
 import numpy as np
 import pytest
 
-from cortexc.codegen.target import C_GEMM_ISAS, C
+from cortexc.targets.c.target import C_GEMM_ISAS
+from cortexc.targets.c.target import TARGET as C
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "cortexc" / "codegen" / "templates"
+TEMPLATES = Path(__file__).resolve().parents[1] / "cortexc" / "targets" / "c" / "templates"
 RTOL = 1e-5
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not found (needed to compile the kernel)")

@@ -19,8 +19,8 @@ import cortexc
 from cortexc import Forest
 from cortexc.codegen.target import TARGETS
 from cortexc.errors import CortexcError
-from cortexc.runtime.cpu import CpuExecutor
 from cortexc.runtime.linearize import linearize
+from cortexc.targets.c.executor import CpuExecutor
 from tests.helpers import EXAMPLES, REPO, random_inputs, relative_error, twin_models
 from tests.helpers import digest as _digest
 

@@ -579,9 +579,9 @@ def test_the_cuda_runner_takes_torchs_arch_needs_no_pycuda_and_runs_on_torchs_st
     whichever it is; here nvcc is replaced by the emulator build (which records the stream each of them
     names) and the ops run on CPU tensors, against the cpu module, forward and backward."""
     from cortexc.errors import CortexcError
-    from cortexc.runtime import cuda as cuda_runtime
     from cortexc.runtime.abi import LaunchMode, LaunchOptions
-    from cortexc.runtime.cuda_emulated import build_emulated
+    from cortexc.targets.cuda import executor as cuda_runtime
+    from cortexc.targets.cuda.emulated import build_emulated
     from cortexc.torch import _HANDLES, _RUNNERS, _Runner
 
     monkeypatch.setitem(sys.modules, "pycuda", None)  # importing PyCUDA fails

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 
 import cortexc  # noqa: E402
 from cortexc import Forest, Vocab  # noqa: E402
-from cortexc.runtime import cpu  # noqa: E402
+from cortexc.targets.c import executor as cpu  # noqa: E402
 from cortexc.torch import CellModule, ForestBatch, cell_forward  # noqa: E402
 from tests.helpers import EXAMPLES, sst_path  # noqa: E402
 

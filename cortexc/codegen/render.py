@@ -57,12 +57,21 @@ from cortexc.ir.program import (
     width,
 )
 from cortexc.runtime.abi import LAUNCH_MODES, STRUCTS, c_typedef
+from cortexc.targets import NAMES
 
 
 @functools.cache
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.PackageLoader("cortexc.codegen", "templates"),
+        # the shared skeleton's templates, and each target's under its name ("c/dialect.j2")
+        loader=jinja2.ChoiceLoader(
+            [
+                jinja2.PackageLoader("cortexc.codegen", "templates"),
+                jinja2.PrefixLoader(
+                    {name: jinja2.PackageLoader(f"cortexc.targets.{name}", "templates") for name in NAMES}
+                ),
+            ]
+        ),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -112,8 +121,8 @@ _ROWS_DOC = {
 
 @functools.cache
 def _cuda_prelude() -> str:
-    """The text of `cortexc/runtime/cuda_prelude.cuh`, which a generated `.cu` carries inline."""
-    return resources.files("cortexc.runtime").joinpath("cuda_prelude.cuh").read_text(encoding="utf-8").rstrip()
+    """The text of `cortexc/targets/cuda/cuda_prelude.cuh`, which a generated `.cu` carries inline."""
+    return resources.files("cortexc.targets.cuda").joinpath("cuda_prelude.cuh").read_text(encoding="utf-8").rstrip()
 
 
 def render(program: Program, target: Target, source_file: str) -> str:

@@ -1,8 +1,14 @@
-"""Code-generation targets. C and CUDA share every template; what differs is here."""
+"""What a code-generation target is: the knobs of the shared kernel skeleton and its program passes. Each
+target defines its `Target` in its own folder (`cortexc/targets/<name>/target.py`); `TARGETS` has them all."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from importlib import import_module
+
+from cortexc.ir.program import Program
+from cortexc.targets import NAMES
 
 
 @dataclass(frozen=True)
@@ -40,60 +46,24 @@ class Target:
     gemm_isas: tuple[GemmIsa, ...] = ()  # C: the GEMM builds, the first whose condition holds is compiled
     gemm_nr: int = 0  # CUDA: the GEMM's panel width in floats (the packing of its weights)
     gemm_mr: int = 0  # CUDA: rows per register tile
+    #: the program passes of this target, in order (`pipeline.target_stage` runs them on each scheduled program)
+    passes: tuple[Callable[[Program], Program], ...] = ()
 
 
-#: C's GEMM per vector ISA. Results do not depend on which one runs: every element is one sum over k in
-#: order whatever the panel width or tile (tests/test_gemm.py checks the builds bitwise against each other).
-C_GEMM_ISAS = (
-    GemmIsa("defined(__AVX512F__)", nr=16, mr=8, vregs=32),
-    GemmIsa("defined(__AVX__)", nr=8, mr=6, vregs=16),
-    GemmIsa("defined(__aarch64__)", nr=4, mr=8, vregs=32),
-    GemmIsa("1", nr=4, mr=6, vregs=16),
-)
+class _Registered(Mapping[str, Target]):
+    """Each registered target's `Target` by name, read from its folder (`cortexc/targets/<name>/target.py`)
+    when first asked for: a target module imports this one, so the table cannot be built at import."""
+
+    def __getitem__(self, name: str) -> Target:
+        if name not in NAMES:
+            raise KeyError(name)
+        return import_module(f"cortexc.targets.{name}.target").TARGET
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(NAMES)
+
+    def __len__(self) -> int:
+        return len(NAMES)
 
 
-#: C: weight gradients deferred when m * k / (m + k) >= 96 (e.g. 450 x 300: 180; 256 x 64: 51). Below it the
-#: m x k accumulator a tile adds into stays in L1/L2 and costs less than writing and reading m + k floats
-#: per row (measured: benchmarks/results/cpu_deferred.txt, the chain LSTM at H=64 is 10% slower deferred)
-DEFER_MIN_WIDTH_C = 96
-
-#: gcc with OpenMP; `-march=native` picks the GEMM build (gemm_isas) and the vector extensions' instructions.
-C = Target(
-    name="c",
-    source_suffix=".c",
-    helper="static inline",
-    tile_rows=32,
-    private_accumulators=True,
-    column_split=True,
-    column_granule=16,  # each thread's columns are whole GEMM panels of every gemm_isas build (a multiple of each nr)
-    whole_width_copy=True,  # most calls (and every level below the threshold) run whole: no per-panel loops
-    defer_outer_products=True,
-    defer_min_width=DEFER_MIN_WIDTH_C,
-    defer_narrow=True,
-    fold_lookups=True,
-    save_activations=True,
-    # measured, 2 cores, direct / hoisted forward: chain LSTM X=32 H=64 (K = 96) 0.75-0.87 on levels of 3-100
-    # rows; X=256 H=256 (512) 0.90-1.03 and X=300 H=128 (428) 0.89-1.05 (noise-level); the child-sum
-    # Tree-LSTM X=300 H=256 (556) on SST batches of 10 and 50 1.04 and 1.06: a wide K is already efficient
-    direct_max_k=256,
-    # half of a 1-2 MiB L2: a chain LSTM of 1000 x 10 (10 MB of hoisted rows) ran 1.37x faster with a window
-    # of 256 rows (256 KiB) than with all of them written before the recursion and read back from L3
-    hoist_window_bytes=512 * 1024,
-    gemm_isas=C_GEMM_ISAS,
-)
-
-#: nvcc; a tile of a level is one thread block, its threads share the rows x columns of every step.
-CUDA = Target(
-    name="cuda",
-    source_suffix=".cu",
-    helper="__device__ inline",
-    gemm_nr=16,
-    gemm_mr=1,
-    tile_rows=16,
-    private_accumulators=False,
-    threads_per_block=128,
-    column_split=True,
-    defer_outer_products=True,
-)
-
-TARGETS = {"c": C, "cuda": CUDA}
+TARGETS: Mapping[str, Target] = _Registered()

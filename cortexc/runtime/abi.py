@@ -171,7 +171,7 @@ def packed_weights(
 
 
 class LaunchMode(enum.Enum):
-    """How the CUDA driver launches the phases of a forward or backward (`driver_cuda.j2`)."""
+    """How the CUDA driver launches the phases of a forward or backward (`cuda/driver.j2`)."""
 
     SPLIT = "split"  # persistent, small levels shared by columns where the cell splits (the default)
     PERSISTENT = "persistent"  # one cooperative launch, by row tiles only

@@ -14,17 +14,20 @@ drives, zero copy, on torch's tensors. They come in two kinds, told apart by
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
+from cortexc.runtime.package import CellSpec
 from cortexc.runtime.philox import EVAL, Dropout
 
 if TYPE_CHECKING:
-    from cortexc.runtime.device import DeviceParams
     from cortexc.runtime.linearize import Linearized
     from cortexc.runtime.package import TargetSpec
+    from cortexc.targets.cuda.host import DeviceParams
 
 
 class Executor(Protocol):
@@ -157,3 +160,29 @@ class DeviceArrayCalls(Protocol):
     ) -> None:
         """The backward into device arrays (`arrays` as for `run_forward_at`, `grads` the gradient tables)."""
         ...
+
+
+@dataclass(frozen=True)
+class ExecutorRequest:
+    """What a factory gets: the cell's `cell.json` entry, its kernel source for the backend's target
+    (already checked against its hash; empty for the interpreter), where that source lives, a name for
+    build caches, and a way to get the cell's IR (it compiles the source: only the interpreter asks).
+    `arch`: the GPU's compute capability, where the caller knows it and keeps the arrays itself
+    (`cortexc.torch`: torch's CUDA device); the cuda backend then builds for it and needs no PyCUDA."""
+
+    spec: CellSpec
+    source: str
+    source_path: Path
+    name: str
+    compile_ir: Callable[[], Any]
+    arch: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One device: the kernel target it runs and how to make its executor (`cortexc.runtime.backends`)."""
+
+    device: str  # what users pass as `device=`
+    target: str | None  # the kernel source it runs (a `cortexc.options.KNOWN_TARGETS` name); None: the IR
+    make_executor: Callable[[ExecutorRequest], Executor]
+    summary: str

@@ -22,9 +22,9 @@ from torch import Tensor
 from cortexc.errors import CortexcError
 
 if TYPE_CHECKING:
-    from cortexc.runtime.device import DeviceParams
     from cortexc.runtime.executor import DeviceArrayCalls, HostArrayCalls
     from cortexc.runtime.model import CellModel
+    from cortexc.targets.cuda.host import DeviceParams
 
 
 class _Runner:

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* nvcc's side of the emulation macros: cortexc/runtime/cuda_prelude.cuh, inlined so that this file builds
+/* nvcc's side of the emulation macros: cortexc/targets/cuda/cuda_prelude.cuh, inlined so that this file builds
    with no include path of cortexc's */
 /*
  * cuda_prelude.cuh -- nvcc's side of the few macros the emulated CUDA uses (CX_LAUNCH(_STREAM), CX_SHARED,
@@ -733,7 +733,7 @@ extern "C" void cx_pack_weight(const float *w, int m, int k, float *packed) { cx
  * on the grid, and whether the split mode's weights stay in global memory.
  *
  * The launch order is the program's phases (cortexc/ir/program.py:Phase), rendered by one loop per mode:
- * cuda_grid.j2 (persistent, on the device), cuda_entry.j2 (per level, from the host).
+ * grid.j2 (persistent, on the device), entry.j2 (per level, from the host).
  */
 
 #define CX_SPLIT_PERIOD 64
@@ -1300,7 +1300,7 @@ static cudaError_t cx_launch_columns(cx_columns_kernel kernel, int64_t first, in
     return cudaGetLastError();
 }
 
-/* Device memory for the runtime (cortexc/runtime/device.py), through the CUDA runtime of this library: the
+/* Device memory for the runtime (cortexc/targets/cuda/host.py), through the CUDA runtime of this library: the
    same calls run on a GPU and in the emulator, so CI exercises the host side of every transfer.
    Each returns a cudaError_t (0: success). Copies and memsets are queued on `stream` (the call's, as in
    cx_launch.stream; NULL: the default stream): an upload's host bytes are the caller's until the stream

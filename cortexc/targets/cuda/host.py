@@ -52,7 +52,7 @@ def cuda_include_flags() -> tuple[str, ...]:
     """What a build of a generated `.cu` adds to its flags: the folder of the headers it includes
     (`cuda_prelude.cuh`, and `cuda_emu.h` for the emulator), and their hash, so that the build cache
     (keyed by source and flags) never reuses a library built against other headers."""
-    folder = Path(str(resources.files("cortexc.runtime").joinpath("cuda_prelude.cuh"))).parent
+    folder = Path(str(resources.files("cortexc.targets.cuda").joinpath("cuda_prelude.cuh"))).parent
     digest = hashlib.sha256()
     for header in ("cuda_prelude.cuh", "cuda_emu.h"):
         digest.update((folder / header).read_bytes())

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from cortexc.errors import CortexcError
-from cortexc.runtime import threads
 from cortexc.runtime.abi import CxCall, CxGrad, aligned_empty, packed_weights
 from cortexc.runtime.build import load_library
 from cortexc.runtime.linearize import Linearized
 from cortexc.runtime.package import CellSpec
 from cortexc.runtime.philox import EVAL, Dropout
+from cortexc.targets.c import threads
 
 if TYPE_CHECKING:
     from cortexc.runtime.executor import DeviceArrayCalls, HostArrayCalls

@@ -2,7 +2,7 @@
 
 The `.cu` carries its own host side: the launch sequence (one persistent
 cooperative launch, or one grid per kernel and level; see
-`templates/driver_cuda.j2`) and the device-memory calls (`cx_mem_*`), driven by
+`targets/cuda/templates/driver.j2`) and the device-memory calls (`cx_mem_*`), driven by
 `device.DeviceExecutor` exactly as in the CPU emulation that CI runs. PyCUDA
 makes the device's primary context current (it never creates one: torch and
 the CUDA runtime inside the library use the primary context) and hands out
@@ -24,8 +24,8 @@ import numpy as np
 from cortexc.errors import CortexcError
 from cortexc.runtime.abi import LaunchOptions
 from cortexc.runtime.build import build_shared
-from cortexc.runtime.device import DeviceExecutor, cuda_include_flags
 from cortexc.runtime.package import CellSpec
+from cortexc.targets.cuda.host import DeviceExecutor, cuda_include_flags
 
 INSTALL_HINT = "install cortexc[cuda] on a machine with an NVIDIA driver"
 
