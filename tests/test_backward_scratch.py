@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import cortexc
-import cortexc.targets.c.executor as cpu
+import cortexc.targets.c.memory as cpu_memory
 from cortexc import Forest
 from cortexc.codegen.module import hoisted_gradients_set
 from cortexc.ir.program import KernelRole, Store, StoreMode, StoreTarget
@@ -60,7 +60,7 @@ def test_backward_from_nan_memory_with_partial_upstreams_matches_the_interpreter
     recycled), with the upstream gradient of one output or state, then of all: every gradient is finite and
     equals the interpreter's (a state gradient not zeroed where no upstream is given, or a hoisted gradient
     read before it is set, would show)."""
-    monkeypatch.setattr(cpu, "_empty", lambda shape, dtype: np.full(shape, np.nan, dtype))
+    monkeypatch.setattr(cpu_memory, "_empty", lambda shape, dtype: np.full(shape, np.nan, dtype))
     model = _model(modules[key])
     reference = _model(modules[key], device="interp")
     executor = model._executor_for_device()

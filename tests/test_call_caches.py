@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import cortexc.targets.c.executor as cpu
+import cortexc.targets.c.memory as cpu_memory
 import cortexc.targets.c.threads as cpu_threads
 from cortexc import Forest
 from cortexc.runtime import linearize as linearize_module
@@ -187,7 +188,7 @@ def test_state_arrays_from_nan_filled_memory_give_the_reference_results(key, mod
         filled.append(array)
         return array
 
-    monkeypatch.setattr(cpu, "_empty", nan_empty)
+    monkeypatch.setattr(cpu_memory, "_empty", nan_empty)
     model = _model(modules[key])
     reference = _model(modules[key], device="interp")
     forest = _forest(key, rng)
@@ -198,7 +199,7 @@ def test_state_arrays_from_nan_filled_memory_give_the_reference_results(key, mod
         assert any(np.shares_memory(inference[name], array) for array in filled), name
     taken = len(filled)
     out = model(forest, grad=True, **inputs)
-    assert len(filled) > taken  # and so did the kept arrays of this one (`_Recycled`)
+    assert len(filled) > taken  # and so did the kept arrays of this one (`memory.Recycled`)
     for result in (inference, out):
         for name, value in expected.items():
             assert np.isfinite(result[name]).all(), name
@@ -365,7 +366,7 @@ def test_a_forward_gives_its_results_from_one_fresh_buffer(key, grad, modules, r
         for name, value in expected.items():
             assert relative_error(result[name], value) < 1e-5, name
     assert not np.shares_memory(first[next(iter(first))].base, second[next(iter(second))].base)
-    _fresh = cpu._fresh_arrays([(3, 5), (7,), (0, 4), (2, 2)])
+    _fresh = cpu_memory.fresh_arrays([(3, 5), (7,), (0, 4), (2, 2)])
     assert [a.shape for a in _fresh] == [(3, 5), (7,), (0, 4), (2, 2)]
     assert len({a.base.ctypes.data for a in _fresh if a.size}) == 1
     assert all(a.ctypes.data % 64 == 0 for a in _fresh)

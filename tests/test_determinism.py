@@ -508,7 +508,7 @@ def test_other_runnable_threads_cap_the_threads(others, adapt, expected, package
 
 
 def test_reused_call_scratch_changes_no_bit(packages, rng):
-    """The executor reuses the hoisted rows' buffers between calls (targets.c.executor._Scratch): a large call,
+    """The executor reuses the hoisted rows' buffers between calls (targets.c.memory.Scratch): a large call,
     then smaller and larger ones, on one model give the same bits as a fresh model on each forest, and a
     backward after an inference (and after a larger backward) sees zeroed gradient rows, and an inference
     between a forward and its backward does not touch the rows that forward kept."""
