@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from cortexc.codegen.render import _pad_spans
+from cortexc.codegen.kernel_context import _pad_spans
 from cortexc.ir.ops import Op
 from cortexc.ir.program import KernelRole, PlaceKind
 from cortexc.options import CompileOptions
