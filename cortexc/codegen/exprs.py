@@ -166,6 +166,15 @@ class _Element:
     def num_children(self) -> str:
         return f"(float)(eb[{self.row} + 1] - eb[{self.row}])"
 
+    def has_child(self, k: int) -> str:
+        return f"(eb[{self.row} + 1] - eb[{self.row}] > {k})"
+
+    def edge_position(self) -> str:
+        return f"(float)(({self.row}) - eb[er[{self.row}]])"
+
+    def edge_siblings(self) -> str:
+        return f"(float)(eb[er[{self.row}] + 1] - eb[er[{self.row}]])"
+
     def node(self) -> str:
         return f"nd[er[{self.row}]]" if self.rows == RowKind.CHILD else f"nd[{self.row}]"
 

@@ -185,8 +185,7 @@ def kernel_context(
             context["rows"] = step.rows.value
             staged.append({"slot": len(staged), "width": step.width, "child": step.rows == RowKind.CHILD})
     reads_children = bool(kernel.child_ks) or any(
-        v.op in (Op.CHILD_STATE, Op.CHILD_STATE_AT, Op.NUM_CHILDREN) or v.domain.name == "CHILD"
-        for v in kernel.body.values
+        OPS[v.op].reads_children or v.domain.name == "CHILD" for v in kernel.body.values
     )
     uses_pre_base = (
         any(v.op == Op.HOISTED for v in kernel.body.values)

@@ -90,7 +90,24 @@ class ChildAt:
     loc: SourceLoc
 
 
-Expr = Number | Name | Binary | Neg | Call | Slice | Index | ChildAll | ChildAt
+@dataclass(frozen=True)
+class EdgeAll:
+    """``edge.name``: a value of the edge to each child (one per child, in the order of ``child.s``)."""
+
+    name: str
+    loc: SourceLoc
+
+
+@dataclass(frozen=True)
+class EdgeAt:
+    """``edge[k].name``: a value of the edge to child k, 0 where the node has no child k."""
+
+    k: Expr
+    name: str
+    loc: SourceLoc
+
+
+Expr = Number | Name | Binary | Neg | Call | Slice | Index | ChildAll | ChildAt | EdgeAll | EdgeAt
 
 
 @dataclass(frozen=True)

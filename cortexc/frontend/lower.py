@@ -41,6 +41,7 @@ from cortexc.ir.ops import (
     matmul_shape,
     slice_shape,
 )
+from cortexc.ir.ops.children import EDGE_VALUES
 
 FUNCTIONS = sorted([*CALLS, *REDUCTIONS, *CHILD_FUNCTIONS, "concat", "dropout"])
 
@@ -233,6 +234,10 @@ def _text(expr: ast.Expr) -> str:
         return f"{_operand_text(expr.base)}[{_text(expr.index)}]"
     if isinstance(expr, ast.ChildAll):
         return f"child.{expr.state}"
+    if isinstance(expr, ast.EdgeAll):
+        return f"edge.{expr.name}"
+    if isinstance(expr, ast.EdgeAt):
+        return f"edge[{_text(expr.k)}].{expr.name}"
     return f"child[{_text(expr.k)}].{expr.state}"
 
 
@@ -670,6 +675,52 @@ def _child_at(scope: _Scope, expr: ast.ChildAt) -> int | None:
     return scope.builder.add(Op.CHILD_STATE_AT, (), state.shape, Domain.NODE, attrs, loc=expr.loc)
 
 
+def _edge_value(scope: _Scope, name: str, text: str, loc: SourceLoc) -> bool:
+    """Whether `name` is a value edges have (else a located error listing them)."""
+    if name in EDGE_VALUES:
+        return True
+    scope.sink.report(
+        f"unknown edge value '{name}' in {text}: an edge has {', '.join(EDGE_VALUES)}"
+        + did_you_mean(name, EDGE_VALUES),
+        loc,
+    )
+    return False
+
+
+def _edge_all(scope: _Scope, expr: ast.EdgeAll) -> int | None:
+    """`edge.position`, `edge.siblings`: a `[1]` value per child (the edge to it)."""
+    text = _text(expr)
+    if not _children_visible(scope, text, expr.loc) or not _edge_value(scope, expr.name, text, expr.loc):
+        return None
+    return scope.builder.add(Op.EDGE, (), (1,), Domain.CHILD, (("name", expr.name),), loc=expr.loc)
+
+
+def _edge_at(scope: _Scope, expr: ast.EdgeAt) -> int | None:
+    """`edge[k].position`, `edge[k].siblings`: the edge to child k, 0 where there is none (arity cells)."""
+    text = _text(expr)
+    if not _children_visible(scope, text, expr.loc):
+        return None
+    arity = scope.decl.arity
+    if arity is None:
+        scope.sink.report(
+            f"{text} needs a cell with an arity, e.g. 'on tree(arity = 2)'; use edge.{expr.name} for every child",
+            expr.loc,
+        )
+        return None
+    k = const_int(expr.k, scope.decl.dim_map, scope.sink, "an edge number", _other_names(scope))
+    if k is None:
+        return None
+    if not 0 <= k < arity:
+        scope.sink.report(
+            f"{text} is out of the declared arity {arity} (children are numbered 0 to {arity - 1})", expr.k.loc
+        )
+        return None
+    if not _edge_value(scope, expr.name, text, expr.loc):
+        return None
+    attrs = (("name", expr.name), ("k", k))
+    return scope.builder.add(Op.EDGE_AT, (), (1,), Domain.NODE, attrs, loc=expr.loc)
+
+
 # Each handler takes its own ast class, so the value type is as wide as Any.
 _HANDLERS: dict[type[ast.Expr], Callable[[_Scope, Any], int | None]] = {
     ast.Number: _number,
@@ -681,6 +732,8 @@ _HANDLERS: dict[type[ast.Expr], Callable[[_Scope, Any], int | None]] = {
     ast.Index: _index,
     ast.ChildAll: _child_all,
     ast.ChildAt: _child_at,
+    ast.EdgeAll: _edge_all,
+    ast.EdgeAt: _edge_at,
 }
 
 

@@ -149,12 +149,21 @@ def _describe_terminal(name: str) -> str:
     return name.lower()
 
 
+#: the terminals of the words Version 3 made keywords (a file that used one as a name must rename it)
+_VERSION_3_KEYWORDS = frozenset({"EDGE"})
+
+
 def _slip(source: str, token: Token) -> str:
     """The message for a slip users make often, saying what to write instead ("" for any other error)."""
     start = token.start_pos if token.start_pos is not None else 0
     before = source[:start].rstrip()
     if str(token) == "*" and before.endswith("*"):
         return "there is no power operator '**': write x * x for a square (exp(p * log(x)) for x > 0 otherwise)"
+    if token.type in _VERSION_3_KEYWORDS:
+        return (
+            f"'{token}' is a keyword from Version 3 of the language on (edge.position, edge[k].NAME, ...):"
+            " a name cannot be spelt so; rename it"
+        )
     if str(token) == "." and before.endswith("parent") and not before[:-6][-1:].isalnum():
         return (
             "a cell reads its children (child.h, child[k].h), never its parent: nodes are computed bottom up,"
@@ -330,6 +339,12 @@ class _ToAst(Transformer):
 
     def child_at(self, keyword, k, state):
         return ast.ChildAt(k, str(state), self._at(keyword))
+
+    def edge_all(self, keyword, name):
+        return ast.EdgeAll(str(name), self._at(keyword))
+
+    def edge_at(self, keyword, k, name):
+        return ast.EdgeAt(k, str(name), self._at(keyword))
 
 
 def _loc_of(expr) -> SourceLoc:

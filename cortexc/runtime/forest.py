@@ -237,6 +237,9 @@ class Forest:
     Scalars: ``num_nodes``, ``num_trees`` (number of roots), ``num_levels``,
     ``max_children``, ``is_tree`` (no node has more than one parent).
 
+    Edges (Version 3 of the language): ``num_edges``, ``edge_ptr``, ``edge_child``, ``edge_parent``: edge e
+    joins ``edge_parent[e]`` to its child ``edge_child[e]``, numbered by parent, then in children order.
+
     ``derived`` holds what the runtime computes from the structure once and reuses on every call (the
     linearization, by `cortexc.runtime.linearize`); it is not pickled.
     """
@@ -368,6 +371,29 @@ class Forest:
     def __repr__(self) -> str:
         kind = "" if self.is_tree else ", dag"
         return f"Forest(num_trees={self.num_trees}, num_nodes={self.num_nodes}, num_levels={self.num_levels}{kind})"
+
+    # ------------------------------------------------------------------ edges (Version 3)
+
+    @property
+    def num_edges(self) -> int:
+        """How many edges join a node to a child (a DAG child shared by two parents has one to each)."""
+        return int(self.child_idx.size)
+
+    @property
+    def edge_ptr(self) -> np.ndarray:
+        """CSR offsets (int64 [N+1]) of the edges by parent: edges are numbered by their parent's id, and within
+        a parent in `children` order, so node p's edges are ``edge_ptr[p]:edge_ptr[p + 1]``."""
+        return self.child_ptr
+
+    @property
+    def edge_child(self) -> np.ndarray:
+        """The node each edge reads (int64 [E]): ``edge_child[edge_ptr[p]:edge_ptr[p + 1]]`` is ``children(p)``."""
+        return self.child_idx
+
+    @property
+    def edge_parent(self) -> np.ndarray:
+        """The node that reads through each edge (int64 [E], nondecreasing)."""
+        return np.repeat(np.arange(self.num_nodes, dtype=np.int64), self.num_children)
 
     def children(self, node: int) -> np.ndarray:
         """The children of ``node`` in order (a read-only view)."""

@@ -84,6 +84,9 @@ class Op(enum.Enum):
     MEAN = "mean"
     MAX = "max"
     CHILD_SOFTMAX = "child_softmax"  # CHILD -> CHILD: softmax across the node's children, per component
+    # edges
+    EDGE = "edge"  # attrs: name; a value of the edge to each child (CHILD domain): its position, its siblings
+    EDGE_AT = "edge_at"  # attrs: name, k; that value of the edge to child k, 0 where there is no child k
 
 
 class Domain(enum.IntEnum):
@@ -261,6 +264,18 @@ class Emitter(Protocol):
     def saved(self, name: str, column: int) -> str: ...
 
     def num_children(self) -> str: ...
+
+    def has_child(self, k: int) -> str:
+        """Whether this node row's node has a child k (a C condition)."""
+        ...
+
+    def edge_position(self) -> str:
+        """This child edge's 0-based place among its parent's children (a child edge row), as a float."""
+        ...
+
+    def edge_siblings(self) -> str:
+        """How many children this child edge's parent has (a child edge row), as a float."""
+        ...
 
     def node(self) -> str:
         """The node id of this row (its parent's for a child edge)."""

@@ -134,6 +134,44 @@ def _d_child_softmax(d: Derivatives, g: int, y: int, args: Sequence[int], value:
     yield d.op(Op.MUL, y, centred)
 
 
+#: the values every edge has (Version 3: `edge.position`, `edge.siblings`), by name
+EDGE_VALUES = ("position", "siblings")
+
+
+def _edge_type(ctx: TypeContext, value: Value, args: Sequence[Value]) -> tuple[Shape, Domain]:
+    expect(ctx.node_body, "edges are read only in node bodies")
+    expect(value.name in EDGE_VALUES, f"an edge has no value {value.name!r}")
+    if value.op == Op.EDGE_AT:
+        k = value.attr("k")
+        expect(ctx.arity is not None and 0 <= k < ctx.arity, "edge index out of arity")
+        return (1,), Domain.NODE
+    return (1,), Domain.CHILD
+
+
+def _edge(env: NodeEnv, value: Value, xs: list[np.ndarray], arg_values: Sequence[Value]) -> np.ndarray:
+    count = len(env.children)
+    if value.name == "position":
+        return np.arange(count, dtype=env.dtype).reshape(count, 1)
+    return np.full((count, 1), count, env.dtype)
+
+
+def _edge_at(env: NodeEnv, value: Value, xs: list[np.ndarray], arg_values: Sequence[Value]) -> np.ndarray:
+    count, k = len(env.children), value.attr("k")
+    if k >= count:
+        return np.zeros((1,), env.dtype)
+    return np.full((1,), k if value.name == "position" else count, env.dtype)
+
+
+def _c_edge(e: Emitter, value: Value) -> str:
+    return e.edge_position() if value.name == "position" else e.edge_siblings()
+
+
+def _c_edge_at(e: Emitter, value: Value) -> str:
+    k = value.attr("k")
+    present = f"{k}.0f" if value.name == "position" else e.num_children()
+    return f"({e.has_child(k)} ? {present} : 0.0f)"
+
+
 _C = OpKind.CHILDREN
 
 
@@ -206,6 +244,33 @@ CHILDREN: tuple[OpDef, ...] = (
     _reduction(Op.SUM, _sum, _d_sum, ChildReduce("0.0f", "add", mean=False)),
     _reduction(Op.MEAN, _mean, _d_mean, ChildReduce("0.0f", "add", mean=True)),
     _reduction(Op.MAX, _max, _d_max, ChildReduce("-FLT_MAX", "max", mean=False)),
+    OpDef(
+        Op.EDGE,
+        OpKind.LEAF,
+        None,
+        0,
+        _edge_type,
+        _edge,
+        no_gradient,
+        Placement.SOURCE,
+        _c_edge,
+        reads_children=True,
+        addressable=False,
+    ),
+    OpDef(
+        Op.EDGE_AT,
+        OpKind.LEAF,
+        None,
+        0,
+        _edge_type,
+        _edge_at,
+        no_gradient,
+        Placement.SOURCE,
+        _c_edge_at,
+        reads_children=True,
+        childless_zero=True,
+        addressable=False,
+    ),
     OpDef(
         Op.CHILD_SOFTMAX,
         _C,
