@@ -1,6 +1,6 @@
 """The compiler as one ordered list of named stages, from `.cell` source to a package.
 
-`STAGES` is the whole compiler. Each stage is a pure function of its input
+`_stages()` is the whole compiler. Each stage is a pure function of its input
 and the `CompileOptions`, with a docstring saying what it requires and
 guarantees; a verifier runs after every stage, and with
 ``options.dump_dir`` every stage that has a text form writes it

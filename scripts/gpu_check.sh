@@ -9,7 +9,7 @@
 #   5. installs cortexc itself into /tmp/site (it maps grammars/ to cortexc.grammars: PYTHONPATH to the
 #      checkout is not enough), and runs tests and benchmark from a copy of tests/ benchmarks/ examples/
 #      so that the checkout's cortexc/ cannot shadow the installed one
-#   6. tests/test_cuda_gpu.py (CORTEXC_REQUIRE_GPU=1: a missing PyCUDA or GPU fails, never skips): the NumPy
+#   6. tests/targets/cuda/test_cuda_gpu.py (CORTEXC_REQUIRE_GPU=1: a missing PyCUDA or GPU fails, never skips): the NumPy
 #      API against the interpreter, cortexc.torch's CellModule on cuda against the cpu module (forward and
 #      gradients; torch with CUDA required; also inside `with torch.cuda.stream(s):`, on a side stream), and
 #      DDP on nccl over 2 GPUs (skipped with fewer)
@@ -22,7 +22,7 @@
 # Dry run on a machine without a GPU (any Python >= 3.10):  GPU_CHECK_DRY=1 bash scripts/gpu_check.sh
 #   checks the carried files, has pip read every wheel for CPython 3.12 (installs the pure-Python ones with this
 #   Python), installs cortexc into a temporary target, runs the nvcc preflight when nvcc is here, runs
-#   tests/test_cuda_gpu.py (it must skip) and the benchmark on the CPU on a few trees. GPU_CHECK_DRY_PYCUDA=1 also
+#   tests/targets/cuda/test_cuda_gpu.py (it must skip) and the benchmark on the CPU on a few trees. GPU_CHECK_DRY_PYCUDA=1 also
 #   compiles PyCUDA here (linked against an empty libcuda stub: it proves the build, not the module).
 #
 # Time: the whole check aims to end within GPU_CHECK_DEADLINE seconds (default 480; about 4 minutes are expected
@@ -339,7 +339,7 @@ EOF
 }
 
 run_tests() {
-    step "tests/test_cuda_gpu.py"
+    step "tests/targets/cuda/test_cuda_gpu.py"
     local require=1
     [ "$DRY" = 1 ] && require=0
     local rc=0 limit per_test=()
@@ -348,7 +348,7 @@ run_tests() {
     if "$PY" -c 'import pytest_timeout' 2>/dev/null; then per_test=(--timeout=120 --timeout-method=thread); fi
     echo "(timeout ${limit} s${per_test:+, ${per_test[0]} per test})"
     (cd "$RUN" && CORTEXC_REQUIRE_GPU=$require timeout "$limit" "$PY" -m pytest -p no:cacheprovider -ra -v -s \
-        --durations=5 "${per_test[@]}" tests/test_cuda_gpu.py) || rc=$?
+        --durations=5 "${per_test[@]}" tests/targets/cuda/test_cuda_gpu.py) || rc=$?
     if [ "$DRY" = 1 ] && [ "$rc" -eq 5 ]; then
         echo "(dry run: the module skipped, as it must without a GPU)"
         rc=0
@@ -356,7 +356,7 @@ run_tests() {
     if [ "$DRY" = 1 ] && [ "$rc" -eq 0 ]; then
         # the CellModule checks through the CUDA host path on the emulator (what .to("cuda") runs)
         (cd "$RUN" && CORTEXC_GPU_TEST_DEVICE=cuda-emu timeout "$(within 240 100)" "$PY" -m pytest \
-            -p no:cacheprovider -q tests/test_cuda_gpu.py -k "cell_module or ddp") || rc=$?
+            -p no:cacheprovider -q tests/targets/cuda/test_cuda_gpu.py -k "cell_module or ddp") || rc=$?
     fi
     return "$rc"
 }
@@ -409,7 +409,7 @@ main() {
         [ "$DRY" = 1 ] || find_libcuda
         run_step "PyCUDA build" build_pycuda
     fi
-    run_step "tests/test_cuda_gpu.py" run_tests
+    run_step "tests/targets/cuda/test_cuda_gpu.py" run_tests
     run_step "benchmarks/bench_gpu.py" run_bench
     summary
 }

@@ -5,7 +5,7 @@
 Layers, lowest first: a module may import its own layer and the ones below. The runtime is the ground floor
 above the base: it imports nothing of the compiler, so a generated package runs without it. Imports under
 `if TYPE_CHECKING:` do not count (they never run); imports inside functions do (they run when called).
-`ALLOWED` lists the upward imports that remain, each with why; `tests/test_layers.py` fails on any other,
+`ALLOWED` lists the upward imports that remain, each with why; `tests/runtime/test_layers.py` fails on any other,
 so the list only shrinks.
 """
 
@@ -42,7 +42,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
 ]
 
-#: (importer, imported) -> why it runs upward: at most one such arrow (tests/test_layers.py)
+#: (importer, imported) -> why it runs upward: at most one such arrow (tests/runtime/test_layers.py)
 ALLOWED: dict[tuple[str, str], str] = {
     ("cortexc.runtime.backends", "cortexc.reference"): "the interpreter: device='interp' and CellModel.cell need the "
     "IR, compiled from the package's source (the runtime's one way up, lazily, for that backend only)",

@@ -7,10 +7,10 @@ of them share one build cache (`CORTEXC_TEST_CACHE`, a fresh directory per run; 
 place, so concurrent builders are safe), so a package several files load is built about once.
 
 Arguments are pytest's. With a path among them (a file or a test id) it runs one pytest on exactly that;
-otherwise every `tests/test_*.py`, each with the arguments. `--jobs N` sets the number of processes
-(default: the CPUs this process may run on). A file's output is printed when it ends: in full when it
-failed, else its summary line and its skip reasons. The exit status is non-zero when any file failed (a
-file whose tests were all deselected is not a failure).
+otherwise every `tests/**/test_*.py` (in folders by layer and target), each with the arguments. `--jobs N`
+sets the number of processes (default: the CPUs this process may run on). A file's output is printed when it
+ends: in full when it failed, else its summary line and its skip reasons. The exit status is non-zero when
+any file failed (a file whose tests were all deselected is not a failure).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def _cpus() -> int:
 
 def _files() -> list[Path]:
     rank = {name: number for number, name in enumerate(SLOWEST_FIRST)}
-    return sorted(TESTS.glob("test_*.py"), key=lambda path: (rank.get(path.name, len(rank)), path.name))
+    return sorted(TESTS.rglob("test_*.py"), key=lambda path: (rank.get(path.name, len(rank)), path.name))
 
 
 def _takes_a_path(args: list[str]) -> bool:

@@ -2,8 +2,9 @@
 
 Why: the leaves of the SST Tree-LSTM compute ``W_iou @ E[word]``, ~37% of a forward's FLOPs, and the
 product depends on the word only. With the params fixed, ``P = E @ W_iou^T`` (a [V, 3H] table) turns
-each leaf's GEMM into a row copy. The runtime builds P lazily, with the package's own `cx_fold`, on the
-first forward without grad after the params change, and never uses it in a forward kept for a backward.
+each leaf's GEMM into a row copy. The runtime builds P lazily, with the package's own `cx_fold`, once the
+inferences since the params changed have run as many rows as P has (at once with `CORTEXC_FOLD=eager`), and
+never uses it in a forward kept for a backward.
 
 The unit folded is a scheduled `Gemm` step: the products sharing one look-up are already stacked into
 one GEMM with one packed weight (``W_iou @ E[w]`` and ``W_f @ E[w]`` together), and `cx_fold` runs that

@@ -135,8 +135,9 @@ class CellModel:
     @property
     def fold(self) -> bool:
         """Whether an inference (a call without ``grad``) may read folded look-up projections instead of
-        their GEMMs (`cortexc.passes.fold`; device "cpu"): tables of ``E @ W^T`` built on the first such call
-        after the params change, bitwise the GEMMs' results. Off: ``fold=False`` here or ``CORTEXC_FOLD=0``;
+        their GEMMs (`cortexc.passes.fold`; device "cpu"): tables of ``E @ W^T``, bitwise the GEMMs' results,
+        built once the inferences since the params changed have run as many rows as the tables have
+        (``CORTEXC_FOLD=eager``: on the first). Off: ``fold=False`` here or ``CORTEXC_FOLD=0``;
         their memory is capped by ``CORTEXC_FOLD_MAX_MB`` (default 256)."""
         return self._fold
 

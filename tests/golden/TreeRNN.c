@@ -94,7 +94,7 @@ typedef float cx_vf __attribute__((vector_size(CX_NR * sizeof(float))));
 /* c += w * s as one fused multiply-add, written out where the ISA has one. Contraction alone is not enough:
    gcc's tuning for AMD Zen (-march=native there) turns an FMA in a loop-carried chain back into a multiply
    and an add (avoid-fma-max-bits), only in the tiles with a single accumulator per panel, so the same
-   element got other bits when its level had one row than when it had two (tests/test_gemm.py). */
+   element got other bits when its level had one row than when it had two (tests/targets/c/test_gemm.py). */
 #if CX_NR == 16 && defined(__AVX512F__)
 #include <immintrin.h>
 #define CX_FMA(c, w, s) ((c) = (cx_vf)_mm512_fmadd_ps((__m512)(w), _mm512_set1_ps(s), (__m512)(c)))
@@ -1845,7 +1845,7 @@ typedef float cx_vf __attribute__((vector_size(CX_NR * sizeof(float))));
 /* c += w * s as one fused multiply-add, written out where the ISA has one. Contraction alone is not enough:
    gcc's tuning for AMD Zen (-march=native there) turns an FMA in a loop-carried chain back into a multiply
    and an add (avoid-fma-max-bits), only in the tiles with a single accumulator per panel, so the same
-   element got other bits when its level had one row than when it had two (tests/test_gemm.py). */
+   element got other bits when its level had one row than when it had two (tests/targets/c/test_gemm.py). */
 #if CX_NR == 16 && defined(__AVX512F__)
 #include <immintrin.h>
 #define CX_FMA(c, w, s) ((c) = (cx_vf)_mm512_fmadd_ps((__m512)(w), _mm512_set1_ps(s), (__m512)(c)))
@@ -3023,7 +3023,7 @@ typedef float cx_vf __attribute__((vector_size(CX_NR * sizeof(float))));
 /* c += w * s as one fused multiply-add, written out where the ISA has one. Contraction alone is not enough:
    gcc's tuning for AMD Zen (-march=native there) turns an FMA in a loop-carried chain back into a multiply
    and an add (avoid-fma-max-bits), only in the tiles with a single accumulator per panel, so the same
-   element got other bits when its level had one row than when it had two (tests/test_gemm.py). */
+   element got other bits when its level had one row than when it had two (tests/targets/c/test_gemm.py). */
 #if CX_NR == 16 && defined(__AVX512F__)
 #include <immintrin.h>
 #define CX_FMA(c, w, s) ((c) = (cx_vf)_mm512_fmadd_ps((__m512)(w), _mm512_set1_ps(s), (__m512)(c)))
@@ -4774,7 +4774,7 @@ typedef float cx_vf __attribute__((vector_size(CX_NR * sizeof(float))));
 /* c += w * s as one fused multiply-add, written out where the ISA has one. Contraction alone is not enough:
    gcc's tuning for AMD Zen (-march=native there) turns an FMA in a loop-carried chain back into a multiply
    and an add (avoid-fma-max-bits), only in the tiles with a single accumulator per panel, so the same
-   element got other bits when its level had one row than when it had two (tests/test_gemm.py). */
+   element got other bits when its level had one row than when it had two (tests/targets/c/test_gemm.py). */
 #if CX_NR == 16 && defined(__AVX512F__)
 #include <immintrin.h>
 #define CX_FMA(c, w, s) ((c) = (cx_vf)_mm512_fmadd_ps((__m512)(w), _mm512_set1_ps(s), (__m512)(c)))

@@ -51,7 +51,7 @@ inline cudaError_t cx_launch_cooperative_(void (*kernel)(P...), dim3 grid, dim3 
 
 #define CX_MAYBE_UNUSED [[maybe_unused]]
 
-/* The columns a thread block owns when blocks share a level by columns (see driver_cuda.j2): residues
+/* The columns a thread block owns when blocks share a level by columns (see cuda/driver.j2): residues
    [u0, u0 + nu) of the kernel's period; per packed weight the block's slice of it in shared memory (NULL:
    read the packed weight in global memory); shared memory for CX_TILE whole rows of a GEMM's operand. */
 #define CX_NUM_PACKED 4

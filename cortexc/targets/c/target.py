@@ -14,7 +14,7 @@ from cortexc.passes.fold import fold_lookups
 from cortexc.passes.saving import save_activations
 
 #: C's GEMM per vector ISA. Results do not depend on which one runs: every element is one sum over k in
-#: order whatever the panel width or tile (tests/test_gemm.py checks the builds bitwise against each other).
+#: order whatever the panel width or tile (tests/targets/c/test_gemm.py checks the builds bitwise against each other).
 C_GEMM_ISAS = (
     GemmIsa("defined(__AVX512F__)", nr=16, mr=8, vregs=32),
     GemmIsa("defined(__AVX__)", nr=8, mr=6, vregs=16),

@@ -3,7 +3,7 @@
 This is how CI proves the CUDA target without a GPU: the exact source nvcc
 would compile, host launch logic and device-memory calls included, runs with
 every thread of a block as a fiber and real `__syncthreads()` barriers, driven
-by the same executor as a GPU (`device.DeviceExecutor`: one arena per call,
+by the same executor as a GPU (`host.DeviceExecutor`: one arena per call,
 params uploaded once). Only the driver beneath the CUDA runtime differs: here
 "device" memory is host memory handed out by the emulator's `cudaMalloc`.
 """

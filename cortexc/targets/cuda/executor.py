@@ -3,7 +3,7 @@
 The `.cu` carries its own host side: the launch sequence (one persistent
 cooperative launch, or one grid per kernel and level; see
 `targets/cuda/templates/driver.j2`) and the device-memory calls (`cx_mem_*`), driven by
-`device.DeviceExecutor` exactly as in the CPU emulation that CI runs. PyCUDA
+`host.DeviceExecutor` exactly as in the CPU emulation that CI runs. PyCUDA
 makes the device's primary context current (it never creates one: torch and
 the CUDA runtime inside the library use the primary context) and hands out
 GPUArrays for results kept on the device (``host=False``); only this file and

@@ -223,8 +223,8 @@ EXAMPLE_DIMS = {
     "lstm": {},
     "mvrnn": {},
     "attn_treelstm": dict(X=16, H=12),
-    "treelstm_dropout": dict(V=64, X=16, H=12),  # evaluation mode here (training: tests/test_dropout.py)
-    "sst_treelstm": dict(V=64, X=16, H=12),  # evaluation mode (training: tests/test_torch.py)
+    "treelstm_dropout": dict(V=64, X=16, H=12),  # evaluation mode here (training: tests/language/test_dropout.py)
+    "sst_treelstm": dict(V=64, X=16, H=12),  # evaluation mode (training: tests/api/test_torch.py)
 }
 
 

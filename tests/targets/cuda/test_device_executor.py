@@ -141,7 +141,11 @@ def test_load_params_while_forwards_run_gives_all_old_or_all_new(module, device,
     thread.start()
     seen = set()
     try:
-        for _ in range(40 if device == "cpu" else 12):
+        # forwards until the other thread has loaded a few times (on a loaded machine it may get few turns)
+        least = 40 if device == "cpu" else 12
+        for count in range(20 * least):
+            if count >= least and loads[0] > 5:
+                break
             out = model(forest, **inputs)
             matches = [k for k in (0, 1) if all(np.array_equal(out[key], expected[k][key]) for key in out)]
             assert matches, f"a forward mixed old and new params (after {loads[0]} loads)"

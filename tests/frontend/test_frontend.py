@@ -19,7 +19,7 @@ from cortexc.frontend import lower_source, parse
 from cortexc.ir.cell import Body, Cell, Init, InitKind, Structure
 from cortexc.ir.verify import verify_cell
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.cell"))
 
 

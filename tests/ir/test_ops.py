@@ -127,7 +127,7 @@ USER_OPS = {
     "sqrt": ("sqrt(x_sqrt)", ("positive",), torch.sqrt),
     "softmax": ("softmax(x_softmax)", ("real",), lambda x: F.softmax(x, dim=-1)),
     "log_softmax": ("log_softmax(x_log_softmax)", ("real",), lambda x: F.log_softmax(x, dim=-1)),
-    # evaluation mode (the default): the identity, saturated inputs too (training: tests/test_dropout.py)
+    # evaluation mode (the default): the identity, saturated inputs too (training: tests/language/test_dropout.py)
     "dropout": ("dropout(x_dropout, 0.5)", ("real",), lambda x: x),
     # ties (the special rows give x == y) split the gradient equally, as torch's
     "minimum": ("minimum(x_minimum, y_minimum)", ("real", "real"), torch.minimum),

@@ -24,8 +24,8 @@ from cortexc.export import export
 from cortexc.runtime import safetensors
 from cortexc.runtime.validate import check_forest, check_inputs
 from tests.helpers import EXAMPLES, REPO, random_inputs, relative_error, small_forest, sst_path
-from tests.test_gate_by_gate import CELLS as GATE_CELLS
-from tests.test_gate_by_gate import gate_forest
+from tests.language.test_gate_by_gate import CELLS as GATE_CELLS
+from tests.language.test_gate_by_gate import gate_forest
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("gcc") is None, reason="needs make, gcc")
 

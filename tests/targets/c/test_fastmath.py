@@ -3,7 +3,7 @@ package's flags (-O3 -march=native -mprefer-vector-width=512 -ffast-math: vector
 tanhf, rcp + Newton divisions), their error in float32 ulps against float64 over every range a gate sees, their
 exact values at saturation, and NaN. (Inline polynomial exps were tried, session 8: at most 2-6% faster, and a
 rational tanh within 4 ulps broke a stress cell's weight gradient: see the saturation test. The direct node
-kernel, an inference's, whose values no gradient reads, has such gates: tests/test_inline_gates.py.)"""
+kernel, an inference's, whose values no gradient reads, has such gates: tests/targets/c/test_inline_gates.py.)"""
 
 from __future__ import annotations
 

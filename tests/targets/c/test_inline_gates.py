@@ -11,7 +11,7 @@ import pytest
 
 import cortexc
 from cortexc import Forest
-from tests.test_fastmath import _ulps
+from tests.targets.c.test_fastmath import _ulps
 
 H = 128  # the stacked product has K = 2 H: within Target.direct_max_k
 CHAINS = 64  # rows per level: far above the direct kernel's threshold

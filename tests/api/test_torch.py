@@ -1,7 +1,7 @@
 """cortexc.torch: a compiled cell as an nn.Module (../shared/spec/torch.md).
 
 Numbers against the interpreter and against per-node PyTorch models written here independently
-(tests/test_autodiff.py); the custom ops through `torch.library.opcheck`; `torch.compile` with a
+(tests/ir/test_autodiff.py); the custom ops through `torch.library.opcheck`; `torch.compile` with a
 recompile count; pickling; sparse embedding gradients; typed errors.
 """
 
@@ -24,7 +24,7 @@ from cortexc import Forest, InputError  # noqa: E402
 from cortexc.errors import CortexcError  # noqa: E402
 from cortexc.torch import CellModule, ForestBatch, _split, cell_backward, cell_forward  # noqa: E402
 from tests.helpers import EXAMPLES, REPO, relative_error  # noqa: E402
-from tests.test_autodiff import torch_binary_treelstm, torch_childsum  # noqa: E402
+from tests.ir.test_autodiff import torch_binary_treelstm, torch_childsum  # noqa: E402
 
 BINARY = {"V": 40, "X": 6, "H": 5, "C": 3}
 CHILDSUM = {"X": 6, "H": 5}
@@ -824,8 +824,8 @@ def test_the_train_sst_torch_example_trains_in_train_mode_evaluates_in_eval_mode
 @pytest.mark.slow
 def test_the_train_sst_torch_example_trains_on_two_ddp_ranks(tmp_path):
     """`--ddp 2`: two gloo processes on 127.0.0.1 train one epoch; rank 0 reports and saves."""
+    from tests.api.test_torch_ddp import _free_port
     from tests.helpers import sst_path
-    from tests.test_torch_ddp import _free_port
 
     sst_path("train")
     env = {**_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}

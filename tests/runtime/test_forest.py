@@ -19,7 +19,7 @@ from cortexc.runtime.forest import Forest
 SST_DIR = Path(
     os.environ.get(
         "CORTEXC_SST_DIR",
-        Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "sst",
+        Path(__file__).resolve().parents[3] / "shared" / "data" / "sst",
     )
 )
 SPLITS = ("train", "dev", "test")

@@ -12,7 +12,7 @@ from cortexc.ir.verify import IRVerifyError, verify_cell
 from cortexc.passes.schedule import schedule
 from cortexc.pipeline import compile_file, compile_source
 from tests.helpers import EXAMPLES
-from tests.test_autodiff import INVENTED
+from tests.ir.test_autodiff import INVENTED
 
 
 def test_grad_targets_print_as_the_dumps_spell_them():

@@ -21,12 +21,12 @@ import pytest
 import cortexc
 from cortexc import Forest
 from tests.helpers import compare_backward, nvcc_compile, random_inputs, relative_error
-from tests.test_autodiff import INVENTED as GRADIENT_CELLS
-from tests.test_autodiff import invented_forest
-from tests.test_compiled import STRESS, stress_forest
-from tests.test_cuda_split import INVENTED as SPLIT_CELLS
-from tests.test_gate_by_gate import CELLS as GATE_CELLS
-from tests.test_gate_by_gate import gate_forest
+from tests.ir.test_autodiff import INVENTED as GRADIENT_CELLS
+from tests.ir.test_autodiff import invented_forest
+from tests.language.test_gate_by_gate import CELLS as GATE_CELLS
+from tests.language.test_gate_by_gate import gate_forest
+from tests.targets.c.test_compiled import STRESS, stress_forest
+from tests.targets.cuda.test_cuda_split import INVENTED as SPLIT_CELLS
 
 pytestmark = pytest.mark.slow
 

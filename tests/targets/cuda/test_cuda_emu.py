@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 RUNTIME = REPO / "cortexc" / "targets" / "cuda"  # the CUDA target: its emulator and nvcc prelude
 HEADER = RUNTIME / "cuda_emu.h"
-KERNELS = Path(__file__).resolve().parent / "cuda_emu"
+KERNELS = REPO / "tests" / "cuda_emu"
 KERNEL_FILES = sorted(KERNELS.glob("*.cu"))
 GXX = shutil.which("g++")
 NVCC = shutil.which("nvcc")

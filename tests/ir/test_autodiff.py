@@ -690,6 +690,23 @@ cell AttnArity on tree(arity = 3) {
     }
 }""",
     ),
+    # edges (Version 3): each child weighted by its place and its number of siblings, and the edges to
+    # children 0 and 2 of an arity cell (0 where the child is missing); no gradient flows into them
+    "edges": (
+        "arity3",
+        """
+cell Edges on tree(arity = 3) {
+    dim X = 4, H = 4
+    input x[X]
+    param W[H, X], U[H, H], V[H, H], b[H]
+    state h[H], c[H]
+    node {
+        w = (edge.position + 1) / edge.siblings
+        h = tanh(W @ x + sum(w * (U @ child.h)) + edge[2].position * (V @ child[2].h) + b)
+        c = sum((1 - w) * child.c) + edge[0].siblings * child[0].h
+    }
+}""",
+    ),
     # a DAG: a shared child is in the softmax of each of its parents
     "child_softmax_dag": (
         "dag",

@@ -16,7 +16,7 @@ from cortexc.runtime.vocab import Vocab
 SST_DIR = Path(
     os.environ.get(
         "CORTEXC_SST_DIR",
-        Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "sst",
+        Path(__file__).resolve().parents[3] / "shared" / "data" / "sst",
     )
 )
 

@@ -15,7 +15,7 @@ import pytest
 from cortexc.targets.c.target import C_GEMM_ISAS
 from cortexc.targets.c.target import TARGET as C
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "cortexc" / "targets" / "c" / "templates"
+TEMPLATES = Path(__file__).resolve().parents[3] / "cortexc" / "targets" / "c" / "templates"
 RTOL = 1e-5
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not found (needed to compile the kernel)")

@@ -302,7 +302,7 @@ ALIGNED_WORKER = (
 import json, sys
 from pathlib import Path
 import numpy as np
-from tests.test_determinism import chains_forest
+from tests.targets.c.test_determinism import chains_forest
 from cortexc.runtime.loader import import_package
 
 package, seed, forests = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])

@@ -18,7 +18,7 @@ from cortexc.errors import CellError, CellTypeError
 from cortexc.frontend import lower_source
 from cortexc.ir.ops import Op
 from tests.helpers import EXAMPLES, random_inputs, relative_error, sst_path
-from tests.test_autodiff import INVENTED
+from tests.ir.test_autodiff import INVENTED
 
 torch = pytest.importorskip("torch")
 

@@ -1,0 +1,1 @@
+"""The user's surfaces: the CLI, export, PyTorch, training and the peers' comparisons."""

@@ -1,0 +1,1 @@
+"""The IR: the op registry, the interpreter, autodiff."""

@@ -1,0 +1,1 @@
+"""The compiler's passes and stages (golden dumps of every stage among them)."""

@@ -1,0 +1,1 @@
+"""The runtime, the ground floor: forests, the package format, the ABI, loading without the compiler."""

@@ -1,0 +1,1 @@
+"""The code-generation targets, one folder each."""

@@ -1,0 +1,1 @@
+"""The C target: its kernels, driver, GEMM, determinism, caches and executor."""
