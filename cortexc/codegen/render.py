@@ -148,7 +148,7 @@ def render(program: Program, target: Target, source_file: str) -> str:
         deferred_params=_deferred_params(cell, deferred),
         defer_tm=C_DEFER_TM,
         defer_tk=C_DEFER_TK,
-        keep_rows=KEEP_ROWS,
+        narrow_rows=NARROW_ROWS,
         split_period=split.period if split is not None else 0,
         split_weights=list(split_weights.values()),
         split_floats_per_unit=sum(w["periods"] * w["k"] for w in split_weights.values()),
@@ -158,11 +158,11 @@ def render(program: Program, target: Target, source_file: str) -> str:
 
 
 #: C: a backward's launch of fewer rows than this keeps the narrow weight gradients' factor rows for the
-#: deferred phase (`cx_keeps_rows` in the driver; `passes.deferred`), a larger one adds them per tile.
+#: deferred phase (`cx_narrow_launch` in the driver; `passes.deferred`), a larger one adds them per tile.
 #: Measured (2 cores, Zen 4, chain LSTM X=32 H=64, backward, median of 15 interleaved): 1000 x 1 3.38 ms
 #: kept against 4.36 ms per tile, 1000 x 2 3.42 against 4.38; 1000 x 4 and 1000 x 8 the same within noise;
 #: 1000 x 10 2-3% slower kept
-KEEP_ROWS = 4
+NARROW_ROWS = 4
 
 
 #: an inference runs the direct node kernel (`passes.direct`) where the levels above the leaves hold this many

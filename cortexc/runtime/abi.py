@@ -81,7 +81,7 @@ GRAD_FIELDS: tuple[Field, ...] = (
     Field("d_hoisted", "float *const *", "[internal nodes] rows"),
     Field("upstream", "const float *const *", "per output: its upstream gradient, or NULL"),
     Field("deferred", "float *const *", "per deferred weight gradient, its factors' rows (see driver)"),
-    Field("keep_rows", "int64_t", "C: launches of fewer rows keep narrow terms' rows (0: CX_KEEP_ROWS; 1: none)"),
+    Field("narrow_rows", "int64_t", "C: launches of fewer rows keep narrow terms' rows (0: CX_NARROW_ROWS; 1: none)"),
 )
 
 #: `cx_launch`: how the CUDA driver launches (see `LaunchOptions` below), and on which stream

@@ -239,7 +239,7 @@ typedef struct {
     float *const *d_hoisted;            /* [internal nodes] rows */
     const float *const *upstream;       /* per output: its upstream gradient, or NULL */
     float *const *deferred;             /* per deferred weight gradient, its factors' rows (see driver) */
-    int64_t keep_rows;                  /* C: launches of fewer rows keep narrow terms' rows (0: CX_KEEP_ROWS; 1: none) */
+    int64_t narrow_rows;                /* C: launches of fewer rows keep narrow terms' rows (0: CX_NARROW_ROWS; 1: none) */
 } cx_grad;
 
 #define CX_CHILD_KS 1

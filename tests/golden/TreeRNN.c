@@ -28,7 +28,7 @@ typedef struct {
     float *val[CX_STAGE_SLOTS];  /* [rows][width]: the values, by row (or edge) of the launch */
     float **ptr[CX_STAGE_SLOTS]; /* [rows]: the destination row of each */
     int64_t first, edge0;        /* the launch's first position and edge (row 0 of the stage) */
-    int narrow;                  /* the launch keeps narrow weight gradients' factor rows (cx_keeps_rows) */
+    int narrow;                  /* the launch keeps narrow weight gradients' factor rows (cx_narrow_launch) */
 } cx_stage;
 
 /* The columns a thread owns when the team shares a small level by columns (see the driver): residues
@@ -5936,7 +5936,7 @@ typedef struct {
     float *const *d_hoisted;            /* [internal nodes] rows */
     const float *const *upstream;       /* per output: its upstream gradient, or NULL */
     float *const *deferred;             /* per deferred weight gradient, its factors' rows (see driver) */
-    int64_t keep_rows;                  /* C: launches of fewer rows keep narrow terms' rows (0: CX_KEEP_ROWS; 1: none) */
+    int64_t narrow_rows;                /* C: launches of fewer rows keep narrow terms' rows (0: CX_NARROW_ROWS; 1: none) */
 } cx_grad;
 
 #define CX_CHILD_KS 2
@@ -6454,15 +6454,15 @@ static void cx_tile(cx_kernel kernel, const cx_call *call, const cx_grad *grad, 
     kernel(call, grad, pos0 + start, rows, maxc, scratch, ap, ix, acc, stage, NULL);
 }
 
-/* Narrow weight gradients (small weights, DeferredOuter.narrow): a launch of fewer than CX_KEEP_ROWS rows
+/* Narrow weight gradients (small weights, DeferredOuter.narrow): a launch of fewer than CX_NARROW_ROWS rows
    keeps their factors' rows for the deferred phase (a tile of few rows would load and store the whole
    accumulator for a few rank-1 updates), a larger one adds them per tile into its chunk (the accumulator
-   stays in cache over the tile's rows). The count alone decides, never the team. `grad->keep_rows` overrides
+   stays in cache over the tile's rows). The count alone decides, never the team. `grad->narrow_rows` overrides
    the bound (tests, A/Bs; 1: no launch keeps them). */
-#define CX_KEEP_ROWS 4
-static int cx_keeps_rows(const cx_grad *grad, int64_t count)
+#define CX_NARROW_ROWS 4
+static int cx_narrow_launch(const cx_grad *grad, int64_t count)
 {
-    return count < (grad->keep_rows > 0 ? grad->keep_rows : CX_KEEP_ROWS);
+    return count < (grad->narrow_rows > 0 ? grad->narrow_rows : CX_NARROW_ROWS);
 }
 
 /* Rows [pos0, pos0 + count) of a kernel. `team`: the threads share the tiles (an orphaned omp for, whose
@@ -6479,7 +6479,7 @@ static void cx_run_rows(cx_kernel kernel, const cx_call *call, const cx_grad *gr
     const int64_t tile = team ? cx_team_tile_rows(count) : cx_tile_rows(count);
     stage->first = pos0;  /* this thread's copy: the stage's rows count from the launch's first */
     stage->edge0 = call->edge_ptr[pos0];
-    stage->narrow = grad && cx_keeps_rows(grad, count);
+    stage->narrow = grad && cx_narrow_launch(grad, count);
     const int64_t ntiles = count > 0 ? (count + tile - 1) / tile : 0;
     if (!team) {
         for (int64_t t = 0; t < ntiles; ++t)
@@ -6725,7 +6725,7 @@ static void cx_deferred_block(const float *factors, int64_t first, int64_t last,
     }
 }
 
-/* A narrow term's rows: those of the launches that kept them (cx_keeps_rows), each run of consecutive such
+/* A narrow term's rows: those of the launches that kept them (cx_narrow_launch), each run of consecutive such
    levels [level0, level1) as one block of rows (`child`: rows per child edge), in level order. */
 static void cx_deferred_levels(const cx_call *call, const cx_grad *grad, const float *factors, int child,
                                int64_t level0, int64_t level1, int M, int K, int m0, int k0, float *dw,
@@ -6734,7 +6734,7 @@ static void cx_deferred_levels(const cx_call *call, const cx_grad *grad, const f
     const int64_t *lp = call->level_ptr;
     for (int64_t level = level0; level < level1;) {
         int64_t end = level;
-        while (end < level1 && cx_keeps_rows(grad, lp[end + 1] - lp[end])) ++end;
+        while (end < level1 && cx_narrow_launch(grad, lp[end + 1] - lp[end])) ++end;
         if (end == level) {
             ++level;
             continue;

@@ -95,8 +95,8 @@ class CpuExecutor:
     #: 0 the driver's choice by the forest's level widths, 1 the hoisted kernel, 2 the direct (tests, A/Bs)
     direct = 0
     #: a backward's launches of fewer rows than this keep the narrow weight gradients' factor rows for the
-    #: deferred phase (`cx_keeps_rows`): 0 the package's bound, 1 none (tests, A/Bs)
-    keep_rows = 0
+    #: deferred phase (`cx_narrow_launch`): 0 the package's bound, 1 none (tests, A/Bs)
+    narrow_rows = 0
 
     def __init__(self, spec: CellSpec, library_path: Path):
         self.spec = spec
@@ -373,7 +373,7 @@ class CpuExecutor:
             # that did not run (an output without an upstream gradient)
             grads = (*grads, self._scratch.arrays("deferred", self.deferred_shapes(lin), zero=False))
         grad_tables = [_pointers(list(arrays)) for arrays in grads]
-        grad = CxGrad(*(ctypes.cast(table, _P) for table in grad_tables), self.keep_rows)
+        grad = CxGrad(*(ctypes.cast(table, _P) for table in grad_tables), self.narrow_rows)
         if lin.num_nodes:
             mask = sum(1 << index for index, array in enumerate(grads[4]) if array is not None)
             self._launch_backward(call, grad, lin, mask)

@@ -1,6 +1,6 @@
 """The CPU backward's deferred weight gradients: the kernels only keep each AccumOuter term's factor rows
 and one GEMM per term after the recursion adds them (driver_c_deferred.j2). A narrow term (a small weight)
-is kept only by launches of few rows (`cx_keeps_rows`), the others add it per tile."""
+is kept only by launches of few rows (`cx_narrow_launch`), the others add it per tile."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 import cortexc
 from cortexc import Forest
-from cortexc.codegen.render import KEEP_ROWS
+from cortexc.codegen.render import NARROW_ROWS
 from cortexc.ir.program import AccumOuter, AccumSum
 from cortexc.options import CompileOptions
 from cortexc.pipeline import Source, run_stages
@@ -232,7 +232,7 @@ NARROW_CASES = {
 def test_narrow_terms_match_the_interpreter_whichever_launches_keep_their_rows(
     case, rng, tmp_path_factory, monkeypatch
 ):
-    """With the package's bound, with no launch keeping rows (`keep_rows` 1: all per tile) and with every
+    """With the package's bound, with no launch keeping rows (`narrow_rows` 1: all per tile) and with every
     launch keeping them, on forests with narrow and wide launches, the gradients match the interpreter. The
     factor rows are poisoned before each backward, so a deferred phase that read the rows of a launch that
     added its term per tile would give NaN."""
@@ -245,21 +245,21 @@ def test_narrow_terms_match_the_interpreter_whichever_launches_keep_their_rows(
     model, reference = twin_models(module, "cpu", 3, rng)
     forest = make_forest(rng)
     widths = np.diff(forest.level_ptr)
-    assert widths.min() < KEEP_ROWS <= widths.max(), "narrow and wide launches"
+    assert widths.min() < NARROW_ROWS <= widths.max(), "narrow and wide launches"
     inputs = random_inputs(model.cell, forest, rng)
     expected = reference(forest, **inputs)
     upstream = {key: rng.standard_normal(value.shape).astype(np.float32) for key, value in expected.items()}
     executor = model._executor_for_device()
     results = {}
     try:
-        for keep_rows in (0, 1, 1 << 40):
-            executor.keep_rows = keep_rows
+        for narrow_rows in (0, 1, 1 << 40):
+            executor.narrow_rows = narrow_rows
             grads, expected_grads = _gradients_twice(model, reference, forest, inputs, upstream)
             for key, value in expected_grads.items():
-                assert relative_error(grads[key], value) < 2e-5, f"d{key} at keep_rows={keep_rows}"
-            results[keep_rows] = grads
+                assert relative_error(grads[key], value) < 2e-5, f"d{key} at narrow_rows={narrow_rows}"
+            results[narrow_rows] = grads
     finally:
-        executor.keep_rows = 0
+        executor.narrow_rows = 0
     # the three split the rows differently between the chunks and the deferred phase: other sums
     weight = program.deferred[0].param
     assert not np.array_equal(results[0][weight], results[1][weight])
