@@ -198,7 +198,7 @@ def export(
 def _params(cells: list[Cell], params_file: str | os.PathLike[str] | None) -> dict[str, dict[str, np.ndarray]]:
     """Each cell's params: from `params_file` (prefixed `<Cell>.` names in a file of several cells), else
     those of `Cell(seed=0)`."""
-    from cortexc.ir.signature import cell_signature
+    from cortexc.ir.runtime_signature import cell_signature
     from cortexc.runtime.params import check_params, init_params, read_params_file
 
     signatures = {cell.name: cell_signature(cell) for cell in cells}

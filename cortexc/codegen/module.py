@@ -32,7 +32,7 @@ from cortexc.errors import OutputError
 from cortexc.ir.cell import Cell
 from cortexc.ir.ops import Op
 from cortexc.ir.program import KernelRole, Program, Rows, Store, StoreMode, StoreTarget, hoisted_widths
-from cortexc.ir.signature import cell_signature
+from cortexc.ir.runtime_signature import cell_signature
 from cortexc.options import CompileOptions
 from cortexc.runtime.abi import LaunchOptions
 from cortexc.runtime.package import (

@@ -226,8 +226,8 @@ class Cell:
         return _find(self.params, name, "param")
 
     def signature(self) -> CellSignature:
-        """The runtime's view of this cell (`ir.signature.cell_signature`): what the runtime's checks take."""
-        from cortexc.ir.signature import cell_signature
+        """The runtime's view of this cell (`ir.runtime_signature.cell_signature`): what the runtime's checks take."""
+        from cortexc.ir.runtime_signature import cell_signature
 
         return cell_signature(self)
 
