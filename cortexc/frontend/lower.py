@@ -649,24 +649,31 @@ def _child_all(scope: _Scope, expr: ast.ChildAll) -> int | None:
     return scope.builder.add(Op.CHILD_STATE, (), state.shape, Domain.CHILD, (("name", state.name),), loc=expr.loc)
 
 
-def _child_at(scope: _Scope, expr: ast.ChildAt) -> int | None:
-    text = _text(expr)
-    if not _children_visible(scope, text, expr.loc):
+def _position_k(scope: _Scope, k_expr: ast.Expr, text: str, every: str, what: str, loc: SourceLoc) -> int | None:
+    """The constant k of `child[k].s` / `edge[k].NAME`, within the cell's arity (else a located error; `every`
+    is the form for every child, `what` names k in messages)."""
+    if not _children_visible(scope, text, loc):
         return None
     arity = scope.decl.arity
     if arity is None:
         scope.sink.report(
-            f"{text} needs a cell with an arity, e.g. 'on tree(arity = 2)'; use child.{expr.state} for every child",
-            expr.loc,
+            f"{text} needs a cell with an arity, e.g. 'on tree(arity = 2)'; use {every} for every child", loc
         )
         return None
-    k = const_int(expr.k, scope.decl.dim_map, scope.sink, "a child number", _other_names(scope))
+    k = const_int(k_expr, scope.decl.dim_map, scope.sink, what, _other_names(scope))
     if k is None:
         return None
     if not 0 <= k < arity:
         scope.sink.report(
-            f"{text} is out of the declared arity {arity} (children are numbered 0 to {arity - 1})", expr.k.loc
+            f"{text} is out of the declared arity {arity} (children are numbered 0 to {arity - 1})", k_expr.loc
         )
+        return None
+    return k
+
+
+def _child_at(scope: _Scope, expr: ast.ChildAt) -> int | None:
+    k = _position_k(scope, expr.k, _text(expr), f"child.{expr.state}", "a child number", expr.loc)
+    if k is None:
         return None
     state = _state_named(scope, expr.state, expr.loc)
     if state is None:
@@ -698,22 +705,8 @@ def _edge_all(scope: _Scope, expr: ast.EdgeAll) -> int | None:
 def _edge_at(scope: _Scope, expr: ast.EdgeAt) -> int | None:
     """`edge[k].position`, `edge[k].siblings`: the edge to child k, 0 where there is none (arity cells)."""
     text = _text(expr)
-    if not _children_visible(scope, text, expr.loc):
-        return None
-    arity = scope.decl.arity
-    if arity is None:
-        scope.sink.report(
-            f"{text} needs a cell with an arity, e.g. 'on tree(arity = 2)'; use edge.{expr.name} for every child",
-            expr.loc,
-        )
-        return None
-    k = const_int(expr.k, scope.decl.dim_map, scope.sink, "an edge number", _other_names(scope))
+    k = _position_k(scope, expr.k, text, f"edge.{expr.name}", "an edge number", expr.loc)
     if k is None:
-        return None
-    if not 0 <= k < arity:
-        scope.sink.report(
-            f"{text} is out of the declared arity {arity} (children are numbered 0 to {arity - 1})", expr.k.loc
-        )
         return None
     if not _edge_value(scope, expr.name, text, expr.loc):
         return None

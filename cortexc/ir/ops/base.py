@@ -400,6 +400,11 @@ class OpDef:
     reads_children: bool = False  # a leaf that reads the node's children (a body that has one is not hoisted)
 
 
+def computed_by_a_step(e: Emitter, value: Value) -> str:  # pragma: no cover - placed as a step of its own
+    """The C rule of an op placed as a kernel step (`Placement.STEP`): never rendered as an expression."""
+    raise NotImplementedError(f"{value.op.value} is computed by a kernel step, not an expression")
+
+
 def no_gradient(d: Derivatives, g: int, y: int, args: Sequence[int], value: Value) -> Iterator[int | None]:
     """Piecewise constant (step, sign, eq) or a constant: the derivative is 0 wherever it exists."""
     for _ in args:

@@ -22,6 +22,7 @@ from cortexc.ir.ops.base import (
     Shape,
     StepKind,
     TypeContext,
+    computed_by_a_step,
     expect,
     no_gradient,
     width,
@@ -29,10 +30,6 @@ from cortexc.ir.ops.base import (
 
 if TYPE_CHECKING:
     from cortexc.ir.cell import Value
-
-
-def _in_a_step(e: Emitter, value: Value) -> str:  # pragma: no cover - placed as a step of its own
-    raise NotImplementedError(f"{value.op.value} is computed by a kernel step, not an expression")
 
 
 def _child_state_type(ctx: TypeContext, value: Value, args: Sequence[Value]) -> tuple[Shape, Domain]:
@@ -185,7 +182,7 @@ def _reduction(op: Op, interp, derivative, reduce: ChildReduce) -> OpDef:
         interp,
         derivative,
         Placement.STEP,
-        _in_a_step,
+        computed_by_a_step,
         step=StepKind.REDUCE,
         reduce=reduce,
         childless_zero=True,
@@ -280,7 +277,7 @@ CHILDREN: tuple[OpDef, ...] = (
         _child_softmax,
         _d_child_softmax,
         Placement.STEP,
-        _in_a_step,
+        computed_by_a_step,
         step=StepKind.CHILD_SOFTMAX,
     ),
 )

@@ -23,6 +23,7 @@ from cortexc.ir.ops.base import (
     ShapeError,
     StepKind,
     TypeContext,
+    computed_by_a_step,
     expect,
     float_literal,
     fmt_shape,
@@ -84,10 +85,6 @@ def pad_shape(shape: Shape, lo: int, size: int) -> Shape:
 
 def _widest(args: Sequence[Value]) -> Domain:
     return max((a.domain for a in args), default=Domain.PARAM)
-
-
-def _in_a_step(e: Emitter, value: Value) -> str:  # pragma: no cover - placed as a step of its own
-    raise NotImplementedError(f"{value.op.value} is computed by a kernel step, not an expression")
 
 
 # ----------------------------------------------------------------------------- leaves
@@ -365,7 +362,7 @@ STRUCTURAL: tuple[OpDef, ...] = (
         _matmul,
         _d_matmul,
         Placement.STEP,
-        _in_a_step,
+        computed_by_a_step,
         step=StepKind.SMALL_MATMUL,
         at_zero=0.0,
         zero_absorbs=(0, 1),
@@ -382,7 +379,7 @@ STRUCTURAL: tuple[OpDef, ...] = (
         _concat,
         _d_concat,
         Placement.STEP,
-        _in_a_step,
+        computed_by_a_step,
         step=StepKind.CONCAT,
         at_zero=0.0,
     ),

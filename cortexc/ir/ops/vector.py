@@ -12,7 +12,6 @@ import numpy as np
 from cortexc.ir.ops.base import (
     Derivatives,
     Domain,
-    Emitter,
     NodeEnv,
     Op,
     OpDef,
@@ -23,6 +22,7 @@ from cortexc.ir.ops.base import (
     Shape,
     ShapeError,
     StepKind,
+    computed_by_a_step,
     fmt_shape,
 )
 from cortexc.ir.ops.elementwise import LAYERNORM_EPS, RSTD_HELPER
@@ -106,10 +106,6 @@ def _d_rowsum(d: Derivatives, g: int, y: int, args: Sequence[int], value: Value)
     yield d.op(Op.MUL, ones, g, shape=d.value(args[0]).shape)
 
 
-def _not_in_c(e: Emitter, value: Value) -> str:  # pragma: no cover - a row op has a step of its own
-    raise NotImplementedError(f"{value.op.value} is computed by a row step, not an expression")
-
-
 def row_entry(
     op: Op,
     surface: str | None,
@@ -139,7 +135,7 @@ def row_entry(
         interp,
         derivative,
         Placement.STEP,
-        _not_in_c,
+        computed_by_a_step,
         step=StepKind.ROW,
         shape=shape,
         numpy=numpy,
@@ -233,7 +229,7 @@ VECTOR: tuple[OpDef, ...] = (
         _rowsum,
         _d_rowsum,
         Placement.STEP,
-        _not_in_c,
+        computed_by_a_step,
         step=StepKind.ROW,
         row=RowOp((("total", "0.0f"),), (RowPass("", "total += {0}"),), scalar="total"),
     ),
