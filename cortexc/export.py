@@ -24,6 +24,7 @@ from cortexc.codegen.module import package_name
 from cortexc.codegen.render import environment
 from cortexc.errors import CortexcError, InputError
 from cortexc.ir.cell import Cell
+from cortexc.ir.ops import param_matrix
 from cortexc.ir.program import Program, hoisted_widths
 from cortexc.options import CompileOptions
 
@@ -57,7 +58,7 @@ def cell_context(cell: Cell, program: Program, fold: bool = True) -> dict[str, A
     """What the export templates read about one cell (names, shapes and the kernel ABI's orders); `fold`:
     whether its library builds the program's folded tables at load (`passes.fold`; `--no-fold` leaves none)."""
     param_index = {p.name: i for i, p in enumerate(cell.params)}
-    shapes = {p.name: tuple(p.shape) for p in cell.params}
+    shapes = {p.name: param_matrix(p.shape) for p in cell.params}  # as multiplied: a 3-D family's [R*M, K] rows
     packed = []
     for weight in program.packed:
         parts, row0 = [], 0

@@ -123,12 +123,13 @@ def backward_linearized(
         hoisted = {}
         for target, index in body.grad_results:
             value = values[index]
-            if target.kind == GradKind.PARAM:
-                grads[target.name] += value
+            if target.kind == GradKind.PARAM:  # a 3-D family's comes as its [R*M, K] rows: one row-major array
+                grads[target.name] += value.reshape(grads[target.name].shape)
             elif target.kind == GradKind.INPUT:
                 grads[target.name][node.index] += value
             elif target.kind == GradKind.EMBED and target.index is not None:
-                grads[target.name][node.inputs[target.index][node.index]] += value
+                table = grads[target.name]
+                table[node.inputs[target.index][node.index]] += value.reshape(table.shape[1:])
             elif target.kind == GradKind.STATE:
                 d_states[target.name][node.index] += value
             elif target.kind == GradKind.CHILD:

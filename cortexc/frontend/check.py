@@ -191,9 +191,13 @@ def _check_cell(cell_def: ast.CellDef, defines: Mapping[str, int], sink: ErrorSi
             else:
                 dims[item.name] = int(defines.get(item.name, int(item.value.text)))
 
-    def shape_of(exprs: tuple[ast.Expr, ...], what: str, loc: SourceLoc) -> Shape | None:
-        if len(exprs) not in (1, 2):
-            sink.report(f"{what} must be a vector or a matrix (1 or 2 sizes), not {len(exprs)} sizes", loc)
+    def shape_of(exprs: tuple[ast.Expr, ...], what: str, loc: SourceLoc, max_sizes: int = 2) -> Shape | None:
+        if not 1 <= len(exprs) <= max_sizes:
+            if max_sizes == 3:
+                sink.report(f"{what} must have 1, 2 or 3 sizes (a family of matrices), not {len(exprs)}", loc)
+            else:
+                family = "; only a param may have 3 (a family of matrices)" if len(exprs) == 3 else ""
+                sink.report(f"{what} must be a vector or a matrix (1 or 2 sizes), not {len(exprs)} sizes{family}", loc)
             return None
         sizes = []
         for expr in exprs:
@@ -239,7 +243,7 @@ def _check_cell(cell_def: ast.CellDef, defines: Mapping[str, int], sink: ErrorSi
         elif isinstance(item, ast.ParamDecl):
             if not declare(item.name, "a param", item.loc):
                 continue
-            shape = shape_of(item.shape, f"param {item.name}", item.loc)
+            shape = shape_of(item.shape, f"param {item.name}", item.loc, max_sizes=3)
             init = _check_init(item, shape, sink)
             if shape is not None and init is not None:
                 params.append(ir.ParamDecl(item.name, shape, init))
@@ -274,7 +278,7 @@ def _check_cell(cell_def: ast.CellDef, defines: Mapping[str, int], sink: ErrorSi
 
 def _check_init(item: ast.ParamDecl, shape: Shape | None, sink: ErrorSink) -> ir.Init | None:
     if item.init is None:
-        matrix = shape is not None and len(shape) == 2
+        matrix = shape is not None and len(shape) >= 2  # matrices and families of them
         return ir.Init(ir.InitKind.XAVIER if matrix else ir.InitKind.ZEROS)
     spec = item.init
     if spec.name not in INIT_ARITY:

@@ -298,6 +298,14 @@ def _name(scope: _Scope, expr: ast.Name) -> int | None:
             dtype = DType.I32 if inp.is_index else DType.F32
             return b.add(Op.INPUT, (), inp.shape, Domain.NODE, (("name", name),), dtype, loc=expr.loc)
     for param in decl.params:
+        if param.name == name and len(param.shape) == 3:
+            r, m, k = param.shape
+            scope.sink.report(
+                f"'{name}' is a family of {r} matrices [{m}, {k}]: use it as {name}[i] (matrix number i, i an index "
+                f"value) or as {name} @ v (the [{r}, {m}] matrix of all {r} products with a [{k}] vector)",
+                expr.loc,
+            )
+            return None
         if param.name == name:
             return b.add(Op.PARAM, (), param.shape, Domain.PARAM, (("name", name),), loc=expr.loc)
     dims = decl.dim_map
@@ -320,7 +328,38 @@ def _name(scope: _Scope, expr: ast.Name) -> int | None:
     return None
 
 
+def _family(scope: _Scope, expr: ast.Expr) -> ir.ParamDecl | None:
+    """The 3-D param `expr` names, if it is one (read only as `W[i]` and `W @ v`)."""
+    if not isinstance(expr, ast.Name) or expr.name in scope.locals:
+        return None
+    return next((p for p in scope.decl.params if p.name == expr.name and len(p.shape) == 3), None)
+
+
+def _family_product(scope: _Scope, expr: ast.Binary, family: ir.ParamDecl) -> int | None:
+    """`W @ v` of a family `W[R, M, K]` and a `[K]` vector: the `[R, M]` matrix of the `R` products, one GEMM
+    over the family's `R*M` rows (`param_views`) whose row is seen as the matrix."""
+    right = _float_operand(scope, expr.right)
+    if right is None:
+        return None
+    v = _value(scope, right)
+    r, m, k = family.shape
+    if v.shape != (k,):
+        scope.sink.report(
+            f"shape mismatch: {_text(expr)} multiplies {family.name}[{r}, {m}, {k}] by {_named(expr.right, v)}: "
+            f"a family of matrices multiplies a [{k}] vector (for one matrix of it write {family.name}[i] @ ...)",
+            expr.loc,
+        )
+        return None
+    b = scope.builder
+    rows = b.add(Op.PARAM, (), (r * m, k), Domain.PARAM, (("name", family.name),), loc=expr.left.loc)
+    product = b.add(Op.MATMUL, (rows, right), (r * m,), v.domain, loc=expr.loc)
+    return b.add(Op.RESHAPE, (product,), (r, m), v.domain, loc=expr.loc)
+
+
 def _binary(scope: _Scope, expr: ast.Binary) -> int | None:
+    family = _family(scope, expr.left) if expr.op == "@" else None
+    if family is not None:
+        return _family_product(scope, expr, family)
     left = _float_operand(scope, expr.left)
     right = _float_operand(scope, expr.right)
     if left is None or right is None:
@@ -555,8 +594,38 @@ def _slice(scope: _Scope, expr: ast.Slice) -> int | None:
     return scope.builder.add(Op.SLICE, (base,), shape, v.domain, (("lo", lo), ("hi", hi)), loc=expr.loc)
 
 
+def _family_member(scope: _Scope, expr: ast.Index, family: ir.ParamDecl) -> int | None:
+    """`W[i]` of a family `W[R, M, K]`: the `[M, K]` matrix number `i`, a look-up of the family read as `R`
+    rows of `M*K` (`param_views`), per node or per child as `i` is."""
+    r, m, k = family.shape
+    row = _expr(scope, expr.index)
+    if row is None:
+        return None
+    i = _value(scope, row)
+    if i.dtype != DType.I32:
+        scope.sink.report(
+            f"{_text(expr)}: a matrix of the family {family.name} is chosen by an index value "
+            "(an input declared 'input w : index[V]'), not a float",
+            expr_loc(expr.index),
+        )
+        return None
+    index_range = next(d.index_range for d in scope.decl.inputs if d.name == i.name)
+    if index_range is not None and index_range > r:
+        scope.sink.report(
+            f"{_text(expr)}: {family.name} has {r} matrices but {i.name} ranges over [0, {index_range})", expr.loc
+        )
+        return None
+    b = scope.builder
+    table = b.add(Op.PARAM, (), (r, m * k), Domain.PARAM, (("name", family.name),), loc=expr.base.loc)
+    looked_up = b.add(Op.EMBED, (table, row), (m * k,), i.domain, loc=expr.loc)
+    return b.add(Op.RESHAPE, (looked_up,), (m, k), i.domain, loc=expr.loc)
+
+
 def _index(scope: _Scope, expr: ast.Index) -> int | None:
     sink = scope.sink
+    family = _family(scope, expr.base)
+    if family is not None:
+        return _family_member(scope, expr, family)
     table = _expr(scope, expr.base)
     looks_up = isinstance(expr.index, ast.Name) and any(
         i.name == expr.index.name and i.is_index for i in scope.decl.inputs

@@ -6,9 +6,11 @@ A failure here is a bug in cortexc, not in the user's program, so it raises
 
 from __future__ import annotations
 
+import math
+
 from cortexc.errors import CortexcError
 from cortexc.ir.cell import Body, BodyKind, Cell, DType, Gradients, GradKind, GradTarget, Value
-from cortexc.ir.ops import OPS, Domain, Op, Shape, ShapeError
+from cortexc.ir.ops import OPS, Domain, Op, Shape, ShapeError, param_matrix
 from cortexc.ir.printer import format_value
 
 
@@ -61,13 +63,13 @@ def _grad_result_shape(cell: Cell, target: GradTarget) -> tuple[tuple[int, ...],
     per_node = {Domain.NODE, Domain.PARAM}
     kind, name = target.kind, target.name
     if kind == GradKind.PARAM:
-        return cell.param(name).shape, per_node
+        return param_matrix(cell.param(name).shape), per_node
     if kind == GradKind.INPUT:
         return cell.input(name).shape, per_node
     if kind == GradKind.EMBED:
         if target.index is None or not cell.input(target.index).is_index:
             raise KeyError(target.index)
-        return (cell.param(name).shape[1],), per_node
+        return (math.prod(cell.param(name).shape[1:]),), per_node
     if kind == GradKind.CHILD:
         return cell.state(name).shape, {Domain.CHILD}
     if kind == GradKind.CHILD_AT:

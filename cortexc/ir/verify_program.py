@@ -16,7 +16,7 @@ import dataclasses
 import math
 
 from cortexc.ir.cell import ParamDecl
-from cortexc.ir.ops import Op
+from cortexc.ir.ops import Op, param_matrix
 from cortexc.ir.program import (
     AccumOuter,
     AccumSum,
@@ -56,7 +56,8 @@ def _expect_blocks(weight: PackedWeight, params: dict[str, ParamDecl]) -> None:
     """A packed weight's block rows are params of one row count side by side, [m, k] all together."""
     total = 0
     for row in weight.block_rows():
-        shapes = [tuple(reversed(params[p].shape)) if flip else params[p].shape for p, flip in row]
+        matrices = {p: param_matrix(params[p].shape) for p, _ in row}
+        shapes = [tuple(reversed(matrices[p])) if flip else matrices[p] for p, flip in row]
         rows = {s[0] if len(s) == 2 else -1 for s in shapes}
         _expect(
             len(rows) == 1 and min(rows) > 0 and sum(s[1] for s in shapes) == weight.k,

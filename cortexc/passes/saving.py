@@ -43,13 +43,13 @@ def saved_values(forward: Body) -> list[int]:
 
     def sources_only(index: int) -> bool:
         value = values[index]
-        if value.op in (Op.SLICE, Op.CONCAT):
+        if value.op in (Op.SLICE, Op.RESHAPE, Op.CONCAT):
             return all(sources_only(arg) for arg in value.args)
         return value.op in _NOT_SAVED
 
     chosen: set[int] = set()
     for index in recomputed_reads(forward):
-        while values[index].op == Op.SLICE:
+        while values[index].op in (Op.SLICE, Op.RESHAPE):
             index = values[index].args[0]
         value = values[index]
         if sources_only(index) or value.domain != Domain.NODE or value.dtype != DType.F32:

@@ -322,7 +322,9 @@ def _kernel(
         if isinstance(step, AccumOuter):
             needs_address[step.a] = needs_address[step.b] = True
     for index in reversed(range(len(values))):  # through views to what they view
-        if needs_address[index] and values[index].op in (Op.SLICE, Op.EXPAND):
+        if needs_address[index] and (
+            OPS[values[index].op].placement == Placement.VIEW or values[index].op == Op.EXPAND
+        ):
             needs_address[values[index].args[0]] = True
 
     places: list[Place] = []
@@ -382,9 +384,12 @@ def _kernel(
             places.append(Place(PlaceKind.SOURCE))
         elif placement == Placement.SOURCE:  # a constant that must have an address (a GEMM operand)
             materialize(index, value)
+        elif placement == Placement.VIEW and needs_address[index] and places[value.args[0]].kind == PlaceKind.INLINE:
+            materialize(index, value)  # a view of an expression (a reshaped outer product) has no address of its own
         elif placement == Placement.VIEW:
             base = places[value.args[0]]
-            column = base.column + slice_offset(values[value.args[0]], value.attr("lo"))
+            assert definition.view_column is not None  # every VIEW entry says where its window starts
+            column = base.column + definition.view_column(values[value.args[0]], value)
             places.append(Place(base.kind, base.buffer, column if base.kind == PlaceKind.BUFFER else 0))
         elif placement == Placement.EXPRESSION or index in side_by_side:
             places.append(Place(PlaceKind.INLINE))

@@ -147,6 +147,11 @@ def aligned_empty(shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.n
     return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
+def _as_matrix(param: np.ndarray) -> np.ndarray:
+    """A param as GEMMs multiply it: a 3-D family [R, M, K] as its R*M rows of K (`W @ v`)."""
+    return param.reshape(-1, param.shape[-1]) if param.ndim == 3 else param
+
+
 def packed_weights(
     lib: ctypes.CDLL, packed: Sequence[PackedWeight], params: Mapping[str, np.ndarray]
 ) -> list[np.ndarray]:
@@ -160,8 +165,11 @@ def packed_weights(
     lib.cx_pack_weight.restype = None
     packed_all = []
     for weight in packed:
+        matrices = {
+            p: params[p].reshape(-1, params[p].shape[-1]) if params[p].ndim == 3 else params[p] for p in weight.params
+        }
         block_rows = [
-            np.concatenate([params[p].T if t else params[p] for p, t in row], axis=1) for row in weight.block_rows()
+            np.concatenate([matrices[p].T if t else matrices[p] for p, t in row], axis=1) for row in weight.block_rows()
         ]
         stacked = np.ascontiguousarray(np.concatenate(block_rows, axis=0), dtype=np.float32)
         array = aligned_empty(int(lib.cx_packed_floats(weight.m, weight.k)))

@@ -53,7 +53,8 @@ def take_over(array: np.ndarray) -> bool:
 
 def init_param(decl: ParamSig, rng: np.random.Generator, dtype: type = np.float32) -> np.ndarray:
     """One param as declared. Xavier is Glorot-uniform with fan_in = columns, fan_out = rows
-    (torch's `xavier_uniform_` on a `[out, in]` weight); a vector counts as `[n, 1]`."""
+    (torch's `xavier_uniform_` on a `[out, in]` weight); a vector counts as `[n, 1]`, and each matrix
+    `W[r]` of a 3-D family `[R, M, K]` as an `[M, K]` one."""
     shape, init = decl.shape, decl.init
     if init.kind == "zeros":
         value = np.zeros(shape)
@@ -64,7 +65,7 @@ def init_param(decl: ParamSig, rng: np.random.Generator, dtype: type = np.float3
     elif init.kind == "normal":
         value = rng.normal(init.args[0], init.args[1], size=shape)
     elif init.kind == "xavier":
-        fan_out, fan_in = (shape[0], shape[1]) if len(shape) == 2 else (shape[0], 1)
+        fan_out, fan_in = (shape[-2], shape[-1]) if len(shape) >= 2 else (shape[0], 1)
         bound = np.sqrt(6.0 / (fan_in + fan_out))
         value = rng.uniform(-bound, bound, size=shape)
     else:

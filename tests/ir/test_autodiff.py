@@ -218,6 +218,7 @@ EXAMPLE_CASES = {
     "lstm.cell": ({"X": 4, "H": 3}, "chain"),
     "treelstm_dropout.cell": ({"V": 6, "X": 4, "H": 3, "C": 5}, "binary"),  # evaluation mode
     "sst_treelstm.cell": ({"V": 6, "X": 4, "H": 3, "C": 5}, "binary"),  # evaluation mode
+    "rntn.cell": ({"V": 6, "H": 3, "C": 5}, "binary"),
 }
 
 
@@ -780,6 +781,7 @@ def test_the_tested_cells_reach_every_gradient_rule():
         Op.SLICE,
         Op.CONCAT,
         Op.EMBED,
+        Op.RESHAPE,  # a 3-D param's views (rntn.cell)
         # (no EXPAND: a reduction takes per-child values or numbers, sum(1), which have no gradient)
         Op.SUM,
         Op.MEAN,

@@ -31,6 +31,8 @@ from cortexc.ir.ops.base import (
     expect,
     float_literal,
     fmt_shape,
+    param_matrix,
+    param_views,
     slice_offset,
     width,
 )
@@ -112,6 +114,8 @@ __all__ = [
     "fmt_shape",
     "matmul_shape",
     "pad_shape",
+    "param_matrix",
+    "param_views",
     "same_shape",
     "slice_offset",
     "slice_shape",

@@ -65,6 +65,7 @@ class Op(enum.Enum):
     SLICE = "slice"  # attrs: lo, hi; of a vector
     CONCAT = "concat"  # vectors end to end, matrices stacked by rows
     EMBED = "embed"  # args: param matrix, index input -> row
+    RESHAPE = "reshape"  # attrs: none; the same row of floats seen with another shape (a 3-D param's views)
     # derivatives (made by `autodiff`, never written by users)
     ADJOINT = "adjoint"  # attrs: name; the incoming gradient of the body's result `name` for this node
     SAVED = "saved"  # attrs: name, column; a value the training forward kept for this node (`passes.saving`)
@@ -396,6 +397,7 @@ class OpDef:
     c_inline_helper: str = ""
     c_inline_needs: tuple[str, ...] = ()
     index_args: tuple[int, ...] = ()
+    view_column: Callable[[Value, Value], int] | None = None  # a VIEW's first element in its operand's row
     hint_on_one: str = ""  # the front end's advice after "a row op of a [1] value is constant" ({arg}, {across})
     reads_children: bool = False  # a leaf that reads the node's children (a body that has one is not hoisted)
 
@@ -414,6 +416,21 @@ def no_gradient(d: Derivatives, g: int, y: int, args: Sequence[int], value: Valu
 def width(value: Value) -> int:
     """Floats in one row of a value (its elements flattened; 1 for a scalar)."""
     return math.prod(value.shape) if value.shape else 1
+
+
+def param_views(shape: Shape) -> tuple[Shape, ...]:
+    """The shapes a body reads a declared param as. A 3-D family ``[R, M, K]`` is read as its ``R*M`` rows of
+    ``K`` by products (``W @ v``, the rows of all ``R`` matrices: `param_matrix`) and as ``R`` rows of
+    ``M*K`` by look-ups (``W[i]``); one row-major array either way."""
+    if len(shape) == 3:
+        r, m, k = shape
+        return ((r * m, k), (r, m * k))
+    return (shape,)
+
+
+def param_matrix(shape: Shape) -> Shape:
+    """The shape a param multiplies as, and its gradient's in a body: a 3-D family's ``[R*M, K]`` rows."""
+    return param_views(shape)[0]
 
 
 def slice_offset(base: Value, lo: int) -> int:

@@ -28,6 +28,7 @@ from cortexc.ir.ops.base import (
     float_literal,
     fmt_shape,
     no_gradient,
+    param_views,
     slice_offset,
     width,
 )
@@ -101,7 +102,9 @@ def _gradient_of(kind: str):
 
 
 def _param_type(ctx: TypeContext, value: Value, args: Sequence[Value]) -> tuple[Shape, Domain]:
-    return ctx.param_shape(value.name), Domain.PARAM
+    views = param_views(ctx.param_shape(value.name))
+    expect(value.shape in views, f"param {value.name} is read as {fmt_shape(value.shape)}, not as its declared shape")
+    return value.shape, Domain.PARAM
 
 
 def _input_type(ctx: TypeContext, value: Value, args: Sequence[Value]) -> tuple[Shape, Domain]:
@@ -149,7 +152,7 @@ LEAVES: tuple[OpDef, ...] = (
     _leaf(
         Op.PARAM,
         _param_type,
-        lambda env, value, xs, args: env.params[value.name],
+        lambda env, value, xs, args: env.params[value.name].reshape(value.shape),  # a 3-D family: its view
         _gradient_of("d_param"),
         lambda e, value: e.param(value.name, e.col),
     ),
@@ -272,6 +275,7 @@ def _d_concat(d: Derivatives, g: int, y: int, args: Sequence[int], value: Value)
 
 
 def _embed_type(ctx: TypeContext, value: Value, args: Sequence[Value]) -> tuple[Shape, Domain]:
+    """A row of a param matrix (of a 3-D family, read as ``R`` rows of ``M*K``: a matrix once reshaped)."""
     expect(args[0].op == Op.PARAM and len(args[0].shape) == 2, "a look-up reads a param matrix")
     expect(args[1].dtype == DType.I32, "a look-up needs an index")
     return (args[0].shape[1],), _widest(args)
@@ -287,6 +291,20 @@ def _d_embed(d: Derivatives, g: int, y: int, args: Sequence[int], value: Value) 
 def _c_embed(e: Emitter, value: Value) -> str:
     table, index = e.arg_value(0), e.arg_value(1)
     return e.param(table.name, f"{e.index(index.name)} * {table.shape[1]} + {e.col}")
+
+
+def _reshape_type(ctx: TypeContext, value: Value, args: Sequence[Value]) -> tuple[Shape, Domain]:
+    expect(len(value.shape) in (1, 2) and width(value) == width(args[0]), "a reshape keeps the row's floats")
+    return value.shape, args[0].domain
+
+
+def _reshape(env: NodeEnv, value: Value, xs: list[np.ndarray], arg_values: Sequence[Value]) -> np.ndarray:
+    leading = xs[0].shape[: xs[0].ndim - len(arg_values[0].shape)]  # per child: the children's axis
+    return xs[0].reshape(leading + value.shape)
+
+
+def _d_reshape(d: Derivatives, g: int, y: int, args: Sequence[int], value: Value) -> Iterator[int | None]:
+    yield d.op(Op.RESHAPE, g, shape=d.value(args[0]).shape)
 
 
 def _transpose_type(ctx: TypeContext, value: Value, args: Sequence[Value]) -> tuple[Shape, Domain]:
@@ -368,7 +386,32 @@ STRUCTURAL: tuple[OpDef, ...] = (
         zero_absorbs=(0, 1),
     ),
     OpDef(
-        Op.SLICE, _S, None, 1, _slice_type, _slice, _d_slice, Placement.VIEW, _c_slice, at_zero=0.0, zero_absorbs=(0,)
+        Op.SLICE,
+        _S,
+        None,
+        1,
+        _slice_type,
+        _slice,
+        _d_slice,
+        Placement.VIEW,
+        _c_slice,
+        at_zero=0.0,
+        zero_absorbs=(0,),
+        view_column=lambda base, value: slice_offset(base, value.attr("lo")),
+    ),
+    OpDef(
+        Op.RESHAPE,
+        _S,
+        None,
+        1,
+        _reshape_type,
+        _reshape,
+        _d_reshape,
+        Placement.VIEW,
+        lambda e, value: e.arg(0),
+        at_zero=0.0,
+        zero_absorbs=(0,),
+        view_column=lambda base, value: 0,
     ),
     OpDef(
         Op.CONCAT,

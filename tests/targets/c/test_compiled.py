@@ -225,6 +225,7 @@ EXAMPLE_DIMS = {
     "attn_treelstm": dict(X=16, H=12),
     "treelstm_dropout": dict(V=64, X=16, H=12),  # evaluation mode here (training: tests/language/test_dropout.py)
     "sst_treelstm": dict(V=64, X=16, H=12),  # evaluation mode (training: tests/api/test_torch.py)
+    "rntn": dict(V=64, H=8),
 }
 
 
