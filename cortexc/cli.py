@@ -51,7 +51,8 @@ def summarize(cell: Cell) -> str:
     lines = [f"cell {cell.name} on {cell.structure.value}{arity}"]
     lines.append("  dims     " + ", ".join(f"{n} = {v}" for n, v in cell.dims) if cell.dims else "  dims     -")
     inputs = [
-        f"{i.name} : index[{i.index_range}]" if i.is_index else f"{i.name}{fmt_shape(i.shape)} float32"
+        (f"{i.name} : index[{i.index_range}]" if i.is_index else f"{i.name}{fmt_shape(i.shape)} float32")
+        + (" on edge" if i.on_edge else "")
         for i in cell.inputs
     ]
     lines.append("  inputs   " + (", ".join(inputs) or "-"))
@@ -229,15 +230,16 @@ def _demo_inputs(cell: CellSignature, forest, rng: np.random.Generator) -> dict[
 
     inputs = {}
     for decl in cell.inputs:
+        rows = forest.num_edges if decl.on_edge else forest.num_nodes
         if decl.is_index:
-            if forest.words is not None:
+            if forest.words is not None and not decl.on_edge:
                 ids = Vocab.build([forest]).encode(forest)
                 ids = np.where(ids < decl.index_range, ids, 1)
             else:
-                ids = rng.integers(0, decl.index_range, forest.num_nodes)
+                ids = rng.integers(0, decl.index_range, rows)
             inputs[decl.name] = ids.astype(np.int32)
         else:
-            inputs[decl.name] = rng.standard_normal((forest.num_nodes, *decl.shape)).astype(np.float32)
+            inputs[decl.name] = rng.standard_normal((rows, *decl.shape)).astype(np.float32)
     return inputs
 
 

@@ -155,6 +155,13 @@ def export(
     rendered = run_stages(Source(source, str(cell_file)), options, until="render")
     stem = package_name(cell_file)
     cells = [item.cell for item in rendered]
+    for cell in cells:
+        on_edge = [i.name for i in cell.inputs if i.on_edge]
+        if on_edge:  # the exported C takes node rows only so far
+            raise CortexcError(
+                f"cell {cell.name} has edge inputs ({', '.join(on_edge)}): cortexc export does not take them yet; "
+                "run it through cortexc.load"
+            )
     params = _params(cells, params_file)
     env = environment()
     text_files: dict[str, str] = {}

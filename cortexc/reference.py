@@ -20,7 +20,7 @@ import numpy as np
 from cortexc.ir import interp
 from cortexc.ir.cell import Body, Cell, GradKind
 from cortexc.runtime.forest import Forest
-from cortexc.runtime.linearize import Linearized, linearize
+from cortexc.runtime.linearize import Linearized, from_edge_order, linearize, to_edge_order
 from cortexc.runtime.params import check_params
 from cortexc.runtime.philox import EVAL, Dropout
 from cortexc.runtime.validate import check_forest, check_inputs
@@ -34,6 +34,11 @@ NO_CHILDREN = np.zeros(0, np.int64)
 def _children(lin: Linearized, position: int) -> np.ndarray:
     """The children of the node at a level-order position, in the forest's child order."""
     return lin.edge_child[lin.edge_ptr[position] : lin.edge_ptr[position + 1]]
+
+
+def _edges(lin: Linearized, position: int) -> np.ndarray:
+    """The rows of the edges to those children in the edge inputs' arrays (the kernels' child-edge order)."""
+    return np.arange(lin.edge_ptr[position], lin.edge_ptr[position + 1], dtype=np.int64)
 
 
 def _hoisted(cell: Cell, node: interp.NodeView) -> dict[str, np.ndarray]:
@@ -68,7 +73,7 @@ def run_linearized(
         index = int(lin.level_order[position])
         children = _children(lin, position)
         body = cell.leaf if cell.leaf is not None and len(children) == 0 else cell.node
-        node = interp.NodeView(index, children, states, inputs, params, dtype, dropout)
+        node = interp.NodeView(index, children, states, inputs, params, dtype, dropout, _edges(lin, position))
         if body is cell.node:
             node.hoisted = _hoisted(cell, node)
         values = interp.eval_body(body, node)
@@ -116,7 +121,10 @@ def backward_linearized(
         if name in d_states:
             d_states[name] += grad
     grads: dict[str, np.ndarray] = {p.name: np.zeros(p.shape, dtype) for p in cell.params}
-    grads.update({i.name: np.zeros((n, *i.shape), dtype) for i in cell.inputs if not i.is_index})
+    edges = len(lin.edge_child)
+    for i in cell.inputs:
+        if not i.is_index:
+            grads[i.name] = np.zeros((edges if i.on_edge else n, *i.shape), dtype)
 
     def accumulate(node: interp.NodeView, values: list[np.ndarray], body: Body) -> dict[str, np.ndarray]:
         """Send a gradient body's per-node results where they belong; returns the hoisted ones."""
@@ -127,9 +135,15 @@ def backward_linearized(
                 grads[target.name] += value.reshape(grads[target.name].shape)
             elif target.kind == GradKind.INPUT:
                 grads[target.name][node.index] += value
+            elif target.kind == GradKind.EDGE_INPUT:
+                grads[target.name][node.edges] += value
             elif target.kind == GradKind.EMBED and target.index is not None:
                 table = grads[target.name]
-                table[node.inputs[target.index][node.index]] += value.reshape(table.shape[1:])
+                if cell.input(target.index).on_edge:  # a row per child edge, rows of one table may repeat
+                    rows = node.inputs[target.index][node.edges]
+                    np.add.at(table, rows, value.reshape(len(rows), *table.shape[1:]))
+                else:
+                    table[node.inputs[target.index][node.index]] += value.reshape(table.shape[1:])
             elif target.kind == GradKind.STATE:
                 d_states[target.name][node.index] += value
             elif target.kind == GradKind.CHILD:
@@ -155,7 +169,7 @@ def backward_linearized(
         children = _children(lin, position)
         leaf = len(children) == 0
         body, grad_body = (leaf_body, grad_bodies.leaf) if leaf else (cell.node, grad_bodies.node)
-        node = interp.NodeView(index, children, states, inputs, params, dtype, dropout)
+        node = interp.NodeView(index, children, states, inputs, params, dtype, dropout, _edges(lin, position))
         if not leaf:
             node.hoisted = _hoisted(cell, node)
         node.adjoints = {name: d_states[name][index] for name, _ in body.named_results}
@@ -183,7 +197,8 @@ def run(
     the inputs do not fit the cell.
     """
     check_forest(cell, forest)
-    checked = check_inputs(cell, forest, inputs, dtype)
+    edge_inputs = [i.name for i in cell.inputs if i.on_edge]
+    checked = to_edge_order(forest, check_inputs(cell, forest, inputs, dtype), edge_inputs)
     checked_params = check_params(cell, params, dtype=dtype)
     return run_linearized(cell, linearize(forest), checked_params, checked, dtype, progress=progress, dropout=dropout)
 
@@ -207,10 +222,12 @@ def backward(
     the sum of the gradients of the rows that were looked up.
     """
     check_forest(cell, forest)
-    checked = check_inputs(cell, forest, inputs, dtype)
+    edge_inputs = [i.name for i in cell.inputs if i.on_edge]
+    checked = to_edge_order(forest, check_inputs(cell, forest, inputs, dtype), edge_inputs)
     lin = linearize(forest)
     params = check_params(cell, params, dtype=dtype)
-    return backward_linearized(cell, lin, params, checked, states, upstream, dtype, dropout)
+    grads = backward_linearized(cell, lin, params, checked, states, upstream, dtype, dropout)
+    return from_edge_order(forest, grads, edge_inputs)
 
 
 @dataclass

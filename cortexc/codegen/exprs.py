@@ -147,6 +147,8 @@ class _Element:
             at = f"ch[{self.row}]"
         elif row == "pre":
             at = f"(pre_base + {self.row})"
+        elif row == "edge":  # rows of an edge input are in the kernels' child-edge order (`edge_order`)
+            at = f"(e0 + {self.row})"
         else:  # kid<k>: child k of this node
             at = f"{row}[{self.row}]"
         return f"{_ARRAYS[array](name)}[{at} * {width} + {self.col}]"
@@ -156,6 +158,9 @@ class _Element:
 
     def index(self, name: str) -> str:
         return f"(int64_t){input_symbol(name)}[nd[{self.row}]]"
+
+    def edge_index(self, name: str) -> str:
+        return f"(int64_t){input_symbol(name)}[e0 + {self.row}]"
 
     def adjoint(self, name: str, width: int) -> str:
         return self.exprs.adjoint(name, self.row, width, self.col)

@@ -75,7 +75,7 @@ def _symbols(cell: Cell, program: Program, kernel: Kernel, target: Target, acc_o
     values = kernel.body.values
     stores = [s for s in kernel.steps if isinstance(s, Store)]
     used_params = {v.name for v in values if v.op == Op.PARAM}
-    used_inputs = {v.name for v in values if v.op == Op.INPUT}
+    used_inputs = {v.name for v in values if v.op in (Op.INPUT, Op.EDGE_INPUT)}
     used_inputs |= {s.index_input for s in stores if s.target == StoreTarget.D_EMBED}
     used_states = {v.name for v in values if v.op in (Op.STATE, Op.CHILD_STATE, Op.CHILD_STATE_AT)}
     used_states |= {s.name for s in stores if s.target == StoreTarget.STATE}
@@ -87,7 +87,7 @@ def _symbols(cell: Cell, program: Program, kernel: Kernel, target: Target, acc_o
     d_states |= adjoints if kernel.adjoints == Adjoints.STATE else set()
     d_hoisted = {s.name for s in stores if s.target == StoreTarget.D_HOISTED}
     d_hoisted |= adjoints if kernel.adjoints == Adjoints.PRE else set()
-    d_inputs = {s.name for s in stores if s.target == StoreTarget.D_INPUT}
+    d_inputs = {s.name for s in stores if s.target in (StoreTarget.D_INPUT, StoreTarget.D_EDGE_INPUT)}
     d_params = {s.name for s in stores if s.target == StoreTarget.D_EMBED}
     upstream = adjoints if kernel.adjoints == Adjoints.OUTPUT else set()
     accumulated = {s.param for s in kernel.steps if isinstance(s, AccumOuter | AccumSum)}
@@ -234,6 +234,10 @@ def _store_destination(exprs: KernelExprs, step: Store) -> str:
     w = step.width
     if step.target == StoreTarget.SAVED:  # a column range of the node's row (rows by level-order position)
         return f"{exprs.saved_row(step.name, 'i')} + {step.column}"
+    index, looked_up = input_symbol(step.index_input), "nd[i]"  # a table row chosen by the node's index
+    # (or by the child edge's: W[edge.rel])
+    if step.target == StoreTarget.D_EMBED and exprs.cell.input(step.index_input).on_edge:
+        looked_up = "e0 + i"
     rows = {
         StoreTarget.STATE: (state_symbol(step.name), "nd[i]"),
         StoreTarget.PRE: (hoisted_symbol(step.name), "(pre_base + i)"),
@@ -243,7 +247,8 @@ def _store_destination(exprs: KernelExprs, step: Store) -> str:
         StoreTarget.D_CHILD_AT: (gradient_symbol("state", step.name), f"kid{step.k}[i]"),
         StoreTarget.D_HOISTED: (gradient_symbol("pre", step.name), "(pre_base + i)"),
         StoreTarget.D_INPUT: (gradient_symbol("input", step.name), "nd[i]"),
-        StoreTarget.D_EMBED: (gradient_symbol("param", step.name), f"(int64_t){input_symbol(step.index_input)}[nd[i]]"),
+        StoreTarget.D_EDGE_INPUT: (gradient_symbol("input", step.name), "(e0 + i)"),
+        StoreTarget.D_EMBED: (gradient_symbol("param", step.name), f"(int64_t){index}[{looked_up}]"),
     }
     array, row = rows[step.target]
     return f"{array} + {row} * {w}"

@@ -123,6 +123,7 @@ class InputDecl:
     shape: tuple[Expr, ...]  # empty for an index input
     index_range: Expr | None
     loc: SourceLoc
+    on_edge: bool = False  # `input w[D] on edge`: one row per edge, read as `edge.w`
 
 
 @dataclass(frozen=True)

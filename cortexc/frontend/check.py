@@ -233,13 +233,13 @@ def _check_cell(cell_def: ast.CellDef, defines: Mapping[str, int], sink: ErrorSi
                 if size is not None and size < 1:
                     sink.report(f"an index range must be positive, not {size}", expr_loc(item.index_range))
                 elif size is not None:
-                    inputs.append(ir.InputDecl(item.name, (), size))
+                    inputs.append(ir.InputDecl(item.name, (), size, item.on_edge))
             else:
                 shape = shape_of(item.shape, f"input {item.name}", item.loc)
                 if shape is not None and len(shape) != 1:
                     sink.report(f"input {item.name} must be a vector, not a matrix", item.loc)
                 elif shape is not None:
-                    inputs.append(ir.InputDecl(item.name, shape))
+                    inputs.append(ir.InputDecl(item.name, shape, None, item.on_edge))
         elif isinstance(item, ast.ParamDecl):
             if not declare(item.name, "a param", item.loc):
                 continue

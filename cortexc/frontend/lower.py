@@ -294,6 +294,9 @@ def _name(scope: _Scope, expr: ast.Name) -> int | None:
             )
             return None
     for inp in decl.inputs:
+        if inp.name == name and inp.on_edge:
+            scope.sink.report(f"'{name}' is an edge input: read it as edge.{name} (one value per child)", expr.loc)
+            return None
         if inp.name == name:
             dtype = DType.I32 if inp.is_index else DType.F32
             return b.add(Op.INPUT, (), inp.shape, Domain.NODE, (("name", name),), dtype, loc=expr.loc)
@@ -627,8 +630,9 @@ def _index(scope: _Scope, expr: ast.Index) -> int | None:
     if family is not None:
         return _family_member(scope, expr, family)
     table = _expr(scope, expr.base)
-    looks_up = isinstance(expr.index, ast.Name) and any(
-        i.name == expr.index.name and i.is_index for i in scope.decl.inputs
+    looks_up = isinstance(expr.index, ast.Name | ast.EdgeAll) and any(
+        i.name == _index_name(expr.index) and i.is_index and i.on_edge == isinstance(expr.index, ast.EdgeAll)
+        for i in scope.decl.inputs
     )
     if table is not None and len(_value(scope, table).shape) == 1 and not looks_up:
         return _subscript(scope, expr, table)
@@ -658,6 +662,11 @@ def _index(scope: _Scope, expr: ast.Index) -> int | None:
         sink.report(f"{_text(expr)}: {t.name} has {rows} rows but {r.name} ranges over [0, {index_range})", expr.loc)
         return None
     return scope.builder.add(Op.EMBED, (table, row), (t.shape[1],), max(t.domain, r.domain), loc=expr.loc)
+
+
+def _index_name(expr: ast.Name | ast.EdgeAll) -> str:
+    """The input an index expression names: `w` (a node's) or `edge.rel` (an edge's)."""
+    return expr.name
 
 
 def _subscript(scope: _Scope, expr: ast.Index, base: int) -> int | None:
@@ -751,23 +760,31 @@ def _child_at(scope: _Scope, expr: ast.ChildAt) -> int | None:
     return scope.builder.add(Op.CHILD_STATE_AT, (), state.shape, Domain.NODE, attrs, loc=expr.loc)
 
 
-def _edge_value(scope: _Scope, name: str, text: str, loc: SourceLoc) -> bool:
-    """Whether `name` is a value edges have (else a located error listing them)."""
-    if name in EDGE_VALUES:
+def _edge_value(scope: _Scope, name: str, text: str, loc: SourceLoc, inputs: bool = True) -> bool:
+    """Whether `name` is a value edges have: position, siblings, or (with `inputs`) an edge input; else a
+    located error listing them (a node input read so is told to be read by its bare name)."""
+    edge_inputs = [i.name for i in scope.decl.inputs if i.on_edge] if inputs else []
+    if name in EDGE_VALUES or name in edge_inputs:
         return True
-    scope.sink.report(
-        f"unknown edge value '{name}' in {text}: an edge has {', '.join(EDGE_VALUES)}"
-        + did_you_mean(name, EDGE_VALUES),
-        loc,
-    )
+    known = [*EDGE_VALUES, *edge_inputs]
+    if any(i.name == name and not i.on_edge for i in scope.decl.inputs):
+        message = f"{text}: '{name}' is a node input, read as {name}; edge.NAME reads {', '.join(known)}"
+    else:
+        message = f"unknown edge value '{name}' in {text}: an edge has {', '.join(known)}" + did_you_mean(name, known)
+    scope.sink.report(message, loc)
     return False
 
 
 def _edge_all(scope: _Scope, expr: ast.EdgeAll) -> int | None:
-    """`edge.position`, `edge.siblings`: a `[1]` value per child (the edge to it)."""
+    """`edge.position`, `edge.siblings`, `edge.w` (an edge input): a value per child (the edge to it)."""
     text = _text(expr)
     if not _children_visible(scope, text, expr.loc) or not _edge_value(scope, expr.name, text, expr.loc):
         return None
+    decl = next((i for i in scope.decl.inputs if i.name == expr.name and i.on_edge), None)
+    if decl is not None:
+        dtype = DType.I32 if decl.is_index else DType.F32
+        attrs = (("name", decl.name),)
+        return scope.builder.add(Op.EDGE_INPUT, (), decl.shape, Domain.CHILD, attrs, dtype, loc=expr.loc)
     return scope.builder.add(Op.EDGE, (), (1,), Domain.CHILD, (("name", expr.name),), loc=expr.loc)
 
 
@@ -777,7 +794,13 @@ def _edge_at(scope: _Scope, expr: ast.EdgeAt) -> int | None:
     k = _position_k(scope, expr.k, text, f"edge.{expr.name}", "an edge number", expr.loc)
     if k is None:
         return None
-    if not _edge_value(scope, expr.name, text, expr.loc):
+    if any(i.name == expr.name and i.on_edge for i in scope.decl.inputs):
+        scope.sink.report(
+            f"{text}: edge inputs are read for every child, as edge.{expr.name} (edge[k] reads position and siblings)",
+            expr.loc,
+        )
+        return None
+    if not _edge_value(scope, expr.name, text, expr.loc, inputs=False):
         return None
     attrs = (("name", expr.name), ("k", k))
     return scope.builder.add(Op.EDGE_AT, (), (1,), Domain.NODE, attrs, loc=expr.loc)

@@ -232,11 +232,14 @@ class _ToAst(Transformer):
     def input_decl(self, keyword, *items):
         return list(items)
 
-    def float_input(self, name, shape):
-        return ast.InputDecl(str(name), shape, None, self._at(name))
+    def float_input(self, name, shape, on_edge=None):
+        return ast.InputDecl(str(name), shape, None, self._at(name), on_edge is not None)
 
-    def index_input(self, name, size):
-        return ast.InputDecl(str(name), (), size, self._at(name))
+    def index_input(self, name, size, on_edge=None):
+        return ast.InputDecl(str(name), (), size, self._at(name), on_edge is not None)
+
+    def on_edge(self, edge):
+        return True
 
     def param_decl(self, keyword, *items):
         return list(items)

@@ -48,6 +48,7 @@ class GradKind(enum.Enum):
 
     PARAM = "d_param"  # a param's gradient, per node (summed over the nodes by whoever runs the body)
     INPUT = "d_input"  # a float input's row for this node
+    EDGE_INPUT = "d_edge_input"  # a float edge input's row for the edge to each child (one row per child)
     EMBED = "d_embed"  # the looked-up row of a table (`index` names the index input that chose it)
     CHILD = "d_child"  # a state of every child (one row per child)
     CHILD_AT = "d_child_at"  # a state of child `k`

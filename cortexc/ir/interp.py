@@ -25,11 +25,24 @@ from cortexc.runtime.philox import EVAL, Dropout
 class NodeView:
     """What the rules of one node can see."""
 
-    __slots__ = ("index", "children", "states", "inputs", "params", "dtype", "hoisted", "adjoints", "saved", "dropout")
+    __slots__ = (
+        "index",
+        "children",
+        "edges",
+        "states",
+        "inputs",
+        "params",
+        "dtype",
+        "hoisted",
+        "adjoints",
+        "saved",
+        "dropout",
+    )
 
-    def __init__(self, index, children, states, inputs, params, dtype, dropout: Dropout = EVAL):
+    def __init__(self, index, children, states, inputs, params, dtype, dropout: Dropout = EVAL, edges=None):
         self.index = index
         self.children = children
+        self.edges = edges  # the rows of the edges to the children in the edge inputs' (linearized) order
         self.states = states
         self.inputs = inputs
         self.params = params

@@ -44,7 +44,8 @@ def format_cell(cell: Cell) -> str:
     lines += [f"  dim {name} = {value}" for name, value in cell.dims]
     for inp in cell.inputs:
         kind = f"index[{inp.index_range}]" if inp.is_index else fmt_shape(inp.shape)
-        lines.append(f"  input {inp.name}{kind}" if not inp.is_index else f"  input {inp.name} : {kind}")
+        where = " on edge" if inp.on_edge else ""
+        lines.append((f"  input {inp.name}{kind}" if not inp.is_index else f"  input {inp.name} : {kind}") + where)
     lines += [f"  param {p.name}{fmt_shape(p.shape)} init {p.init}" for p in cell.params]
     lines += [f"  state {s.name}{fmt_shape(s.shape)}" for s in cell.states]
     if cell.pre is not None:

@@ -159,6 +159,7 @@ class StoreTarget(enum.Enum):
     D_CHILD_AT = "d_child_at"  # child k's row
     D_HOISTED = "d_hoisted"
     D_INPUT = "d_input"  # this node's input row
+    D_EDGE_INPUT = "d_edge_input"  # an edge input's row, one per child edge
     D_EMBED = "d_embed"  # the looked-up row of a table
     SAVED = "saved"  # a training forward: the node's row of a saved array (`SavedValues`), at `column`
 

@@ -66,10 +66,13 @@ def _grad_result_shape(cell: Cell, target: GradTarget) -> tuple[tuple[int, ...],
         return param_matrix(cell.param(name).shape), per_node
     if kind == GradKind.INPUT:
         return cell.input(name).shape, per_node
+    if kind == GradKind.EDGE_INPUT:
+        return cell.input(name).shape, {Domain.CHILD}
     if kind == GradKind.EMBED:
         if target.index is None or not cell.input(target.index).is_index:
             raise KeyError(target.index)
-        return (math.prod(cell.param(name).shape[1:]),), per_node
+        by_edge = {Domain.CHILD} if cell.input(target.index).on_edge else per_node  # W[edge.rel]: per child
+        return (math.prod(cell.param(name).shape[1:]),), by_edge
     if kind == GradKind.CHILD:
         return cell.state(name).shape, {Domain.CHILD}
     if kind == GradKind.CHILD_AT:
@@ -147,9 +150,9 @@ class _Context:
     def param_shape(self, name: str) -> Shape:
         return self.cell.param(name).shape
 
-    def input_decl(self, name: str) -> tuple[Shape, DType]:
+    def input_decl(self, name: str) -> tuple[Shape, DType, bool]:
         decl = self.cell.input(name)
-        return decl.shape, DType.I32 if decl.is_index else DType.F32
+        return decl.shape, DType.I32 if decl.is_index else DType.F32, decl.on_edge
 
     def state_shape(self, name: str) -> Shape:
         return self.cell.state(name).shape
@@ -173,5 +176,5 @@ def _verify_value(context: _Context, body: Body, index: int, value: Value) -> No
     shape, domain = definition.type_rule(context, value, args)
     _expect(value.shape == shape, f"shape {value.shape} but the rule gives {shape}")
     _expect(value.domain == domain, f"domain {value.domain.name} but the rule gives {domain.name}")
-    if value.op != Op.INPUT:
+    if value.op not in (Op.INPUT, Op.EDGE_INPUT):
         _expect(value.dtype == DType.F32, "only index inputs are integers")

@@ -259,6 +259,7 @@ _GRADIENT_STORES = {
     GradKind.CHILD_AT: (StoreTarget.D_CHILD_AT, StoreMode.ADD, RowKind.NODE),
     GradKind.HOISTED: (StoreTarget.D_HOISTED, StoreMode.SET, RowKind.NODE),
     GradKind.INPUT: (StoreTarget.D_INPUT, StoreMode.ADD, RowKind.NODE),
+    GradKind.EDGE_INPUT: (StoreTarget.D_EDGE_INPUT, StoreMode.ADD, RowKind.CHILD),  # each edge one row
     GradKind.EMBED: (StoreTarget.D_EMBED, StoreMode.ATOMIC_ADD, RowKind.NODE),
 }
 
@@ -449,6 +450,8 @@ def _kernel(
         if result_name.kind == GradKind.PARAM:
             continue
         store_target, mode, store_rows = _GRADIENT_STORES[result_name.kind]
+        if result_name.kind == GradKind.EMBED:  # a table looked up per child edge (W[edge.rel]) too
+            store_rows = row_kind(values[index])
         if cell.structure.shares_children and result_name.kind in (GradKind.CHILD, GradKind.CHILD_AT):
             mode = StoreMode.ATOMIC_ADD  # a shared child's parents may be in the same level
         steps.append(

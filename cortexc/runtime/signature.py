@@ -50,11 +50,13 @@ class ParamSig:
 
 @dataclass(frozen=True)
 class InputSig:
-    """A per-node input: float32 rows of `shape`, or (``index_range`` set) one int32 in [0, range)."""
+    """An input: float32 rows of `shape`, or (``index_range`` set) one int32 in [0, range); one row per node,
+    or with ``on_edge`` one per edge (`Forest.edge_ptr`'s order)."""
 
     name: str
     shape: Shape
     index_range: int | None = None
+    on_edge: bool = False
 
     @property
     def is_index(self) -> bool:
@@ -119,7 +121,10 @@ class CellSignature:
                 {"name": p.name, "shape": list(p.shape), "init": {"kind": p.init.kind, "args": list(p.init.args)}}
                 for p in self.params
             ],
-            "inputs": [{"name": i.name, "shape": list(i.shape), "index_range": i.index_range} for i in self.inputs],
+            "inputs": [
+                {"name": i.name, "shape": list(i.shape), "index_range": i.index_range, "on_edge": i.on_edge}
+                for i in self.inputs
+            ],
             "states": [{"name": s.name, "shape": list(s.shape)} for s in self.states],
             "outputs": [{"name": o.name, "shape": list(o.shape), "at_root": o.at_root} for o in self.outputs],
             "embeddings": [{"param": e.param, "index": e.index, "rows": list(e.rows)} for e in self.embeddings],
@@ -145,7 +150,8 @@ class CellSignature:
                     for p in data["params"]
                 ),
                 inputs=tuple(
-                    InputSig(str(i["name"]), _shape(i["shape"]), _opt_int(i["index_range"])) for i in data["inputs"]
+                    InputSig(str(i["name"]), _shape(i["shape"]), _opt_int(i["index_range"]), bool(i["on_edge"]))
+                    for i in data["inputs"]
                 ),
                 states=tuple(StateSig(str(s["name"]), _shape(s["shape"])) for s in data["states"]),
                 outputs=tuple(

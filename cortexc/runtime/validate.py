@@ -61,6 +61,12 @@ def check_forest(cell: AnyCell, forest: Forest) -> None:
     forest.check_structure(is_dag=sig.structure.shares_children, arity=sig.arity, cell_name=sig.name)
 
 
+def _edge_text(forest: Forest, edge: int) -> str:
+    """An edge as messages name it: its number and its two nodes."""
+    parent = int(np.searchsorted(forest.edge_ptr, edge, side="right")) - 1
+    return f"edge {edge} (node {int(forest.edge_child[edge])} -> node {parent})"
+
+
 def check_inputs(
     cell: AnyCell, forest: Forest, inputs: Mapping[str, object], dtype: type = np.float32
 ) -> dict[str, np.ndarray]:
@@ -76,29 +82,30 @@ def check_inputs(
     missing = [name for name in declared if name not in inputs]
     if missing:
         raise InputError(f"missing input {', '.join(repr(m) for m in missing)} for cell {cell.name}")
-    n = forest.num_nodes
     checked: dict[str, np.ndarray] = {}
     for name, decl in declared.items():
         array = as_array(inputs[name], f"input {name}")
+        n, rows = (forest.num_edges, "edge") if decl.on_edge else (forest.num_nodes, "node")
         if decl.is_index:
             if array.shape != (n,):
-                raise InputError(f"input {name} must have shape ({n},) (one index per node), got {array.shape}")
+                raise InputError(f"input {name} must have shape ({n},) (one index per {rows}), got {array.shape}")
             if array.dtype.kind not in "iu":  # np.integer's kinds (a bool array is not one)
                 raise InputError(f"input {name} is an index input and must be integers, got dtype {array.dtype}")
             # two reductions say whether any index is out of range; only then look for the first one
             limit = decl.index_range or 0  # set for every index input
             if n and (int(array.min()) < 0 or int(array.max()) >= limit):
                 bad = np.flatnonzero((array < 0) | (array >= decl.index_range))
-                node = int(bad[0])
+                first = int(bad[0])
+                where = f"node {first}" if not decl.on_edge else _edge_text(forest, first)
                 raise InputError(
-                    f"input {name}: node {node} has index {int(array[node])}, outside "
-                    f"[0, {decl.index_range}) ({bad.size} nodes out of range)"
+                    f"input {name}: {where} has index {int(array[first])}, outside "
+                    f"[0, {decl.index_range}) ({bad.size} {rows}s out of range)"
                 )
             checked[name] = np.ascontiguousarray(array, dtype=np.int32)
         else:
             expected = (n, *decl.shape)
             if array.shape != expected:
-                raise InputError(f"input {name} must have shape {expected} (one row per node), got {array.shape}")
+                raise InputError(f"input {name} must have shape {expected} (one row per {rows}), got {array.shape}")
             if array.dtype.kind != "f":  # np.floating's kind
                 raise InputError(f"input {name} must be float32, got dtype {array.dtype}")
             checked[name] = np.ascontiguousarray(array, dtype=dtype)

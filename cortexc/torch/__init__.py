@@ -5,25 +5,31 @@
 C (or CUDA) through two `torch.library` custom ops, ``cortexc::cell_forward`` and
 ``cortexc::cell_backward``, tied by `register_autograd`. One idea per module:
 
-- `module`: `CellModule` and `ForestBatch` (the linearised forest as tensors);
+- `module`: `CellModule`;
+- `batch`: `ForestBatch` (the linearised forest as tensors), a pytree node for `torch.export`;
 - `ops`: the custom ops, their fake implementations and their autograd formula;
-- `runner`: each module's executors (one per backend), driven through the `Executor`
-  protocol's calls on caller-allocated arrays, and the table the ops find them in;
+- `keys`: the key an op names its cell by (the package's digest and the backend, the same in every
+  process), and the cell class a key names (in this process, or loaded from the build cache);
+- `runner`: the executors (a module's own, one per backend and device; or a key's shared one), driven
+  through the `Executor` protocol's calls on caller-allocated arrays, and how an op finds its runner;
 - `ddp`: data-parallel training (`ignore_sparse_tables_for_ddp`, the sparse tables'
   synchronisation over the ranks).
 
-Importing this package imports torch; `import cortexc` never does.
+A model holding `CellModule`s exports with `torch.export.export(model, (batch, ...), dynamic_shapes=...)`
+(`ForestBatch.dynamic_shapes`); a saved program loads in another process after ``import cortexc.torch``,
+which registers the ops and the pytree node. Importing this package imports torch; `import cortexc` never
+does.
 """
 
 from __future__ import annotations
 
+from cortexc.torch.batch import ForestBatch
 from cortexc.torch.ddp import ignore_sparse_tables_for_ddp
-from cortexc.torch.module import CellModule, ForestBatch
+from cortexc.torch.keys import cell_key as cell_key
+from cortexc.torch.module import CellModule
 from cortexc.torch.ops import _split as _split
 from cortexc.torch.ops import cell_backward as cell_backward
 from cortexc.torch.ops import cell_forward as cell_forward
-from cortexc.torch.runner import _HANDLES as _HANDLES
-from cortexc.torch.runner import _RUNNERS as _RUNNERS
 from cortexc.torch.runner import _Runner as _Runner
 
 __all__ = ["CellModule", "ForestBatch", "ignore_sparse_tables_for_ddp"]

@@ -1,16 +1,16 @@
-"""`CellModule`, a compiled cell as a `torch.nn.Module`, and `ForestBatch`, the forest it runs on.
+"""`CellModule`, a compiled cell as a `torch.nn.Module` (the forest it runs on: `batch.ForestBatch`).
 
 The module owns the params (`nn.Parameter`s) and checks what it is given (eagerly); it runs the cell
-through the custom ops (`ops.cell_forward`, whose autograd formula is `ops.cell_backward`), on the runner
-of its params' device (`runner._Runner`). With ``sparse=True`` an embedding table is looked up here first
-(`_compact_lookup`: only the rows the forest reads, so its gradient is sparse), and synchronised over the
-ranks by `ddp`.
+through the custom ops (`ops.cell_forward`, whose autograd formula is `ops.cell_backward`), named by the
+key of its cell and backend (`keys.cell_key`), on its own runner of its params' device (`runner._Runner`,
+which the ops find through the params it owns: `runner.own`). With ``sparse=True`` an embedding table is
+looked up here first (`_compact_lookup`: only the rows the forest reads, so its gradient is sparse), and
+synchronised over the ranks by `ddp`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -18,64 +18,14 @@ from torch import Tensor, nn
 
 from cortexc.errors import CortexcError, InputError
 from cortexc.runtime.forest import Forest
-from cortexc.runtime.linearize import linearize
 from cortexc.runtime.model import CellModel, cell_class
 from cortexc.runtime.signature import CellSignature, EmbeddingSig
 from cortexc.runtime.validate import check_forest, checked_flag
 from cortexc.torch import ddp
+from cortexc.torch.batch import ForestBatch
+from cortexc.torch.keys import cell_key
 from cortexc.torch.ops import _split, cell_forward
-from cortexc.torch.runner import _HANDLES, _RUNNERS, _Runner, _runner
-
-
-# ------------------------------------------------------------------------------------------------ forest
-@dataclass(frozen=True, eq=False)
-class ForestBatch:
-    """A linearised forest as int64 tensors (`runtime/linearize.py`): what the kernels walk.
-
-    `internal` is the level-order tail of the nodes with children (its length sizes the hoisted rows,
-    so that shapes follow from tensor sizes alone, as `torch.compile` needs); `roots` the roots in the
-    forest's order. `forest` is kept to check the structure against a cell (in eager mode).
-    """
-
-    level_order: Tensor
-    level_ptr: Tensor
-    edge_ptr: Tensor
-    edge_child: Tensor
-    roots: Tensor
-    internal: Tensor
-    forest: Forest | None = field(default=None, repr=False)
-
-    @classmethod
-    def from_forest(cls, forest: Forest) -> ForestBatch:
-        if not isinstance(forest, Forest):
-            raise InputError(f"ForestBatch.from_forest expects a cortexc.Forest, got {type(forest).__name__}")
-        lin = linearize(forest)
-        order = torch.tensor(lin.level_order)  # copies: the forest's arrays are read-only
-        batch = cls(
-            level_order=order,
-            level_ptr=torch.tensor(lin.level_ptr),
-            edge_ptr=torch.tensor(lin.edge_ptr),
-            edge_child=torch.tensor(lin.edge_child),
-            roots=torch.tensor(lin.roots),
-            internal=order[lin.num_leaves :].clone(),  # its own tensor: a view would tie its size to a storage offset
-            forest=forest,
-        )
-        return batch.mark_dynamic()
-
-    @property
-    def num_nodes(self) -> int:
-        return int(self.level_order.shape[0])
-
-    def tensors(self) -> tuple[Tensor, ...]:
-        """The tensors in the order the ops take them."""
-        return (self.level_order, self.level_ptr, self.edge_ptr, self.edge_child, self.roots, self.internal)
-
-    def mark_dynamic(self) -> ForestBatch:
-        """Mark every size dynamic for `torch.compile` (`from_forest` does): forests of any size then share
-        one graph, except where two sizes of the first forest were equal (dynamo gives them one symbol)."""
-        for tensor in self.tensors():
-            torch._dynamo.maybe_mark_dynamic(tensor, 0)
-        return self
+from cortexc.torch.runner import Runners, _Runner, own
 
 
 # ------------------------------------------------------------------------------------------------ module
@@ -105,6 +55,12 @@ class CellModule(nn.Module):
         super().__init__()
         if not (isinstance(cls, type) and issubclass(cls, CellModel)):
             raise CortexcError(f"CellModule wraps a cell class of a generated package, got {cls!r}")
+        on_edge = [i.name for i in cls.signature.inputs if i.on_edge]
+        if on_edge:  # ForestBatch carries no edge order yet
+            raise CortexcError(
+                f"cell {cls.signature.name} has edge inputs ({', '.join(on_edge)}): cortexc.torch does not take "
+                "them yet; use the NumPy API (cortexc.load)"
+            )
         self._cell_ref = (str(cls._package), cls.signature.name)
         self.sparse = checked_flag(sparse, "sparse")
         self.fold = checked_flag(fold, "fold")
@@ -131,9 +87,10 @@ class CellModule(nn.Module):
     def _attach(self, cls: type[CellModel]) -> None:
         self.signature: CellSignature = cls.signature
         self._cell_class = cls
-        self._handle = next(_HANDLES)
-        _RUNNERS[self._handle] = _Runner(cls)
-        self._device_handles: dict[tuple[str, int | None], int] = {}  # (backend, device index) -> handle
+        self._cpu_key = cell_key(cls, "cpu")
+        # (key, device index) -> this module's runner: the cpu one now, others on first use (`_runner_for`)
+        self._runners: Runners = {(self._cpu_key, None): _Runner(cls)}
+        own(list(self.parameters()), self._runners)
 
     def use_backend(self, backend: str) -> CellModule:
         """Run this module's CPU tensors on another executor: ``"cuda-emu"`` drives the CUDA host path
@@ -144,33 +101,27 @@ class CellModule(nn.Module):
         self._cpu_backend = backend
         return self
 
-    def _handle_for(self, device: torch.device) -> int:
-        """The op handle of the runner for tensors on `device` (made on first use)."""
+    def _runner_for(self, device: torch.device) -> tuple[str, _Runner]:
+        """The op key and this module's runner for tensors on `device` (the runner made on first use)."""
         backend = "cuda" if device.type == "cuda" else getattr(self, "_cpu_backend", "cpu")
         if device.type not in ("cpu", "cuda"):
             raise CortexcError(f"CellModule runs on the cpu or cuda, not on {device}")
-        if backend == "cpu":
-            return self._handle
-        key = (backend, device.index)
-        if key not in self._device_handles:
-            handle = next(_HANDLES)
-            _RUNNERS[handle] = _Runner(self._cell_class, backend, device.index)
-            self._device_handles[key] = handle
-        return self._device_handles[key]
+        key = cell_key(self._cell_class, backend)
+        index = device.index if device.type == "cuda" else None
+        runner = self._runners.get((key, index))
+        if runner is None:
+            runner = self._runners[(key, index)] = _Runner(self._cell_class, backend, index)
+        return key, runner
 
     @property
     def runner(self) -> _Runner:
-        return _RUNNERS[self._handle]
-
-    def __del__(self) -> None:
-        _RUNNERS.pop(getattr(self, "_handle", 0), None)
-        for handle in getattr(self, "_device_handles", {}).values():
-            _RUNNERS.pop(handle, None)
+        """The cpu runner (the orders and shapes every runner of the cell shares)."""
+        return self._runners[(self._cpu_key, None)]
 
     # --- pickling: the cell class and the executor are made again from the package directory -------
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_handle", "signature", "_cell_class", "_device_handles", "_sparse_group"):
+        for name in ("_cpu_key", "_runners", "signature", "_cell_class", "_sparse_group"):
             state.pop(name, None)
         return state
 
@@ -188,16 +139,14 @@ class CellModule(nn.Module):
             runner.forget_params()
 
     def _all_runners(self) -> list[_Runner]:
-        handles = [self._handle, *self._device_handles.values()]
-        return [_RUNNERS[h] for h in handles if h in _RUNNERS]
+        return list(getattr(self, "_runners", {}).values())
 
     def _apply(self, fn: Any, recurse: bool = True) -> Any:
         """`nn.Module._apply` (`.to()`, `.float()`, ...), then drop the state derived from the old params:
         the new ones have new storage, which the keys see anyway; this frees the old tables at once."""
         result = super()._apply(fn, recurse)
-        if hasattr(self, "_handle"):
-            for runner in self._all_runners():
-                runner.forget_params()
+        for runner in self._all_runners():
+            runner.forget_params()
         return result
 
     # --- running -----------------------------------------------------------------------------------
@@ -209,10 +158,11 @@ class CellModule(nn.Module):
         runner = self.runner
         params = [getattr(self, name) for name in runner.params]
         device = params[0].device if params else torch.device("cpu")
-        handle = self._handle_for(device)
+        key, device_runner = self._runner_for(device)
         eager = not torch.compiler.is_compiling()
         if eager:
             self._check(batch, inputs, device)
+            own(params, self._runners)  # again: a param may be new (a compiled graph finds what eager calls owned)
         converted = {}
         for decl in self.signature.inputs:
             value = inputs[decl.name]
@@ -244,10 +194,10 @@ class CellModule(nn.Module):
         cell_inputs = [converted[name] for name in runner.inputs]
         fold = self.fold and inference and device.type == "cpu"
         keep = not inference
-        results = cell_forward(handle, params, cell_inputs, *batch.tensors(), train, dropout_seed, fold, keep)
+        results = cell_forward(key, params, cell_inputs, *batch.tensors(), train, dropout_seed, fold, keep)
         n = batch.level_order.shape[0]
         out = {name: state[:n] for name, state in zip(runner.states, results)}
-        outputs = _split(_runner(handle), results)[3]  # the handle's runner: its backend decides what is saved
+        outputs = _split(device_runner, results)[3]  # the device's runner: its backend decides what is saved
         out.update(zip(runner.spec.abi.outputs, outputs))
         return out
 

@@ -1,10 +1,15 @@
 """The two `torch.library` custom ops a `CellModule` runs, ``cortexc::cell_forward`` and
 ``cortexc::cell_backward``, tied by `register_autograd`, with their fake implementations.
 
-The ops take lists of tensors (params, inputs, the linearised forest) and an integer handle naming the
-module's runner (`runner._RUNNERS`); what the backward needs (params, inputs, forest, every state and
-hoisted row) travels as tensors saved by autograd. Each op has a fake implementation (shapes only), so
-`torch.compile` traces them without a graph break and `torch.library.opcheck` passes.
+The ops take lists of tensors (params, inputs, the linearised forest) and a string key naming the compiled
+cell and its backend (`keys.cell_key`: the package's digest, the same in every process; no handle, address
+or counter reaches a graph). The key and the params find the runner (`runner.runner_for`): the module's
+that owns the params, else the process's shared one, loaded by key from the build cache when need be; so
+an exported program (`torch.export`) runs in a fresh process after ``import cortexc.torch``, and a graph
+still runs after its module is gone. What the backward needs (params, inputs, forest, every state and
+hoisted row) travels as tensors saved by autograd. Each op has a fake implementation (shapes only, from the
+key's cell), so `torch.compile` and `torch.export` trace them without a graph break and
+`torch.library.opcheck` passes.
 
 Zero copy: contiguous float32 CPU tensors go into the `cx_call` pointer tables as they are (NumPy views
 of the detached tensors share their memory: `HostArrayCalls.run_forward`), torch allocates every result,
@@ -35,7 +40,7 @@ from torch import Tensor
 from cortexc.errors import ForestError, InputError
 from cortexc.runtime.linearize import Linearized
 from cortexc.runtime.philox import EVAL, SEED_LIMIT, Dropout
-from cortexc.torch.runner import _Runner, _runner, _view
+from cortexc.torch.runner import _Runner, _view, device_index, runner_for
 
 if TYPE_CHECKING:
     from cortexc.runtime.executor import DeviceArrayCalls
@@ -104,9 +109,14 @@ def _check_linearized(runner: _Runner, lin: Linearized) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ the ops
+def _runner(key: str, params: Sequence[Tensor], level_order: Tensor) -> _Runner:
+    """The runner of an op's call: by its key and params, on the GPU of its tensors (`runner_for`)."""
+    return runner_for(key, params, device_index(params[0] if params else level_order))
+
+
 @torch.library.custom_op("cortexc::cell_forward", mutates_args=())
 def cell_forward(
-    handle: int,
+    key: str,
     params: list[Tensor],
     inputs: list[Tensor],
     level_order: Tensor,
@@ -121,12 +131,12 @@ def cell_forward(
     keep: bool = True,
 ) -> list[Tensor]:
     """Every state ([N + 1] rows, the last zero), every hoisted row set, every saved activation array
-    (`passes.saving`, a CPU runner's: [N, width] with ``keep``, else no rows), then every output (ABI
+    (`passes.saving`, a CPU runner's: rows x width, flat, with ``keep``, else empty), then every output (ABI
     order); with ``train``, the dropout masks of the int64 ``dropout_seed`` (mod 2^64). ``fold``: the caller
     knows no backward follows (`CellModule.forward`), so a CPU runner may build and read folded look-up
     projections (bitwise the same results; the flag only keeps training forwards from paying for tables).
     ``keep``: a backward may follow, so the kernels keep what it reads (else nothing is saved)."""
-    runner = _runner(handle)
+    runner = _runner(key, params, level_order)
     stream = runner.stream()
     runner.prepare(params, stream)
     results = _forward_shapes(runner, params, level_order, roots, internal, fake=False, keep=keep)
@@ -160,7 +170,7 @@ def cell_forward(
         packed=packed,
         dropout=_dropout(train, dropout_seed),
         folded=folded,
-        activations=[a.numpy() for a in activations] if keep else None,
+        activations=_activation_arrays(runner, [a.numpy() for a in activations]) if keep else None,
     )
     return results
 
@@ -193,11 +203,17 @@ def _forward_shapes(
     states = [(empty if fake else zeros)((n + 1, *s), dtype=torch.float32) for s in runner.state_shapes]
     hoisted = [empty((i, width), dtype=torch.float32) for width in runner.spec.hoisted_widths]
     saved = [  # every row written by the kernels (one per internal node or leaf), or none without `keep`
-        empty(((i if internal_rows else n - i) if keep else 0, width), dtype=torch.float32)
+        empty((((i if internal_rows else n - i) if keep else 0) * width,), dtype=torch.float32)
         for width, internal_rows in runner.saved_rows
     ]
     outputs = [empty(((r if o.at_root else n), *o.shape), dtype=torch.float32) for o in runner.signature.outputs]
     return states + hoisted + saved + outputs
+
+
+def _activation_arrays(runner: _Runner, flat: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The saved activations as the kernels' [rows, width] arrays. They travel flat: a size of N - I (the
+    leaves) in a two-dimensional shape would make `torch.export` guard that a forest has not one leaf."""
+    return [array.reshape(array.size // width, width) for array, (width, _) in zip(flat, runner.saved_rows)]
 
 
 _Item = TypeVar("_Item")
@@ -213,7 +229,7 @@ def _split(runner: _Runner, results: Sequence[_Item]) -> tuple[list[_Item], list
 
 @cell_forward.register_fake
 def _cell_forward_fake(
-    handle,
+    key,
     params,
     inputs,
     level_order,
@@ -227,12 +243,14 @@ def _cell_forward_fake(
     fold=False,
     keep=True,
 ):
-    return _forward_shapes(_runner(handle), params, level_order, roots, internal, fake=True, keep=keep)
+    return _forward_shapes(
+        _runner(key, params, level_order), params, level_order, roots, internal, fake=True, keep=keep
+    )
 
 
 @torch.library.custom_op("cortexc::cell_backward", mutates_args=())
 def cell_backward(
-    handle: int,
+    key: str,
     params: list[Tensor],
     inputs: list[Tensor],
     level_order: Tensor,
@@ -252,7 +270,7 @@ def cell_backward(
     """The gradient of every param, then of every float input (ABI order), from upstream gradients of
     the states ([N + 1] rows) and outputs; None: no upstream (an output's phases then do nothing).
     `activations`: what the forward saved for it (a CPU runner's, `passes.saving`)."""
-    runner = _runner(handle)
+    runner = _runner(key, params, level_order)
     stream = runner.stream()
     runner.prepare(params, stream)
     d_params = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in params]
@@ -300,7 +318,7 @@ def cell_backward(
         [_view(h) for h in hoisted],
         grads,
         dropout=_dropout(train, dropout_seed),  # the forward's masks, recomputed
-        activations=[_view(a) for a in activations],
+        activations=_activation_arrays(runner, [_view(a) for a in activations]),
     )
     return d_params + [d for d in d_inputs if d is not None]
 
@@ -362,19 +380,19 @@ def _device_backward(
 
 
 @cell_backward.register_fake
-def _cell_backward_fake(handle, params, inputs, level_order, *rest):
-    runner = _runner(handle)
+def _cell_backward_fake(key, params, inputs, level_order, *rest):
+    runner = _runner(key, params, level_order)
     d_params = [p.new_empty(p.shape) for p in params]
     return d_params + [inputs[i].new_empty(inputs[i].shape, dtype=torch.float32) for i in runner.float_inputs]
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    handle, params, cell_inputs, *rest = inputs
+    key, params, cell_inputs, *rest = inputs
     forest, (train, dropout_seed) = rest[:6], rest[6:8]  # then `fold` and `keep` (no gradient, nothing to keep)
-    runner = _runner(handle)
+    runner = _runner(key, params, forest[0])
     ctx.train = train
     ctx.set_materialize_grads(False)  # a result the loss does not use has no upstream (and costs nothing)
-    ctx.handle = handle
+    ctx.key = key
     ctx.counts = (len(params), len(cell_inputs))
     states, hoisted, activations, _ = _split(runner, output)
     saved = [*states, *hoisted, *activations]
@@ -387,7 +405,7 @@ def _backward(ctx: Any, grads: Sequence[Tensor | None]) -> tuple[Any, ...]:
     params, saved = saved[:num_params], saved[num_params:]
     cell_inputs, saved = saved[:num_inputs], saved[num_inputs:]
     forest, dropout_seed, saved = saved[:6], saved[6], saved[7:]
-    runner = _runner(ctx.handle)
+    runner = _runner(ctx.key, params, forest[0])
     states, hoisted, activations, _ = _split(runner, saved)
     # None for the forest, train, dropout_seed and fold when given (the dispatcher drops an argument equal to
     # its default, so the op was applied to 11 or 12 arguments: as many flags as autograd says)
@@ -397,7 +415,7 @@ def _backward(ctx: Any, grads: Sequence[Tensor | None]) -> tuple[Any, ...]:
     if all(g is None for g in grads):
         return (None, [None] * num_params, [None] * num_inputs) + rest
     result = cell_backward(
-        ctx.handle,
+        ctx.key,
         params,
         cell_inputs,
         *forest,

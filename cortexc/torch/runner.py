@@ -1,4 +1,4 @@
-"""The runners: one `CellModule`'s executor per backend, and the table the ops find them in by handle.
+"""The runners: a cell's executor on one backend, and how an op finds the runner of its key.
 
 A runner (`_Runner`) holds what the ops read of its cell's `cell.json` entry (orders and shapes) and what
 it derived from the params: the GEMM weights, packed again only when a packed param's version counter or
@@ -7,19 +7,27 @@ storage changed (an optimizer step), once per step, and (on the CPU) the folded 
 protocol's calls on caller-allocated arrays (`Executor.array_calls`): `HostArrayCalls` on NumPy views of
 torch's CPU tensors, or `DeviceArrayCalls` on the addresses of its CUDA tensors (or, for ``cuda-emu``,
 of its CPU tensors). The CUDA executor comes from the backend table, built for torch's device's arch.
+
+An op names its cell by key (`keys`) and finds its runner by that key and the params it is given
+(`runner_for`): the runner of the module that owns those params (`own`: a `CellModule` keeps one runner per
+key and device, with its packed weights and folded tables), else the process's shared runner of the key,
+made on first use from the cell class the key names (loaded from the build cache if need be): for a
+program loaded by `torch.export.load` or `aoti_load_package`, opcheck's copies, any params no module owns.
 """
 
 from __future__ import annotations
 
-import itertools
+import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 import torch
 from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
 
 from cortexc.errors import CortexcError
+from cortexc.torch.keys import class_of, parse_key
 
 if TYPE_CHECKING:
     from cortexc.runtime.executor import DeviceArrayCalls, HostArrayCalls
@@ -28,8 +36,8 @@ if TYPE_CHECKING:
 
 
 class _Runner:
-    """One module's executor on one backend (``cpu``, ``cuda``, ``cuda-emu``) and what the ops read from
-    its `cell.json` entry (orders and shapes)."""
+    """A cell's executor on one backend (``cpu``, ``cuda``, ``cuda-emu``), a module's own or a key's shared
+    one, and what the ops read from its `cell.json` entry (orders and shapes)."""
 
     def __init__(self, cls: type[CellModel], backend: str = "cpu", device_index: int | None = None):
         self.backend = backend
@@ -124,15 +132,48 @@ class _Runner:
         return int(torch.cuda.current_stream(self.device_index).cuda_stream)
 
 
-_RUNNERS: dict[int, _Runner] = {}
-_HANDLES = itertools.count(1)
+#: (key, device index) -> runner: the runners of one module (`CellModule._runners`), or the shared ones
+Runners: TypeAlias = dict[tuple[str, int | None], _Runner]
+
+#: param tensor -> its module's runners, by identity, weakly (an entry goes with its param, not its module)
+_OWNED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+#: the process's own runner per (key, device index), for params no module owns
+_SHARED: Runners = {}
+_SHARED_LOCK = threading.Lock()
 
 
-def _runner(handle: int) -> _Runner:
-    runner = _RUNNERS.get(handle)
+def own(params: Sequence[Tensor], runners: Runners) -> None:
+    """Say that ops given these params run on `runners` (a module's, keyed by (key, device index)), so that a
+    module's calls keep their packed weights and folded tables however the op is reached (eagerly, from a
+    compiled or exported graph holding the module's params, from autograd's saved tensors)."""
+    for param in params:
+        if _OWNED.get(param) is not runners:
+            _OWNED[param] = runners
+
+
+def runner_for(key: str, params: Sequence[Tensor], index: int | None) -> _Runner:
+    """The runner an op of `key` on GPU `index` (None off a GPU) runs `params` on: their module's, else the
+    process's shared one (made now from the key's cell class: an `OutputError` if it is nowhere)."""
+    for param in params:
+        runners = _OWNED.get(param)
+        if runners is not None:
+            runner = runners.get((key, index))
+            if runner is not None:
+                return runner
+    runner = _SHARED.get((key, index))
     if runner is None:
-        raise CortexcError(f"no cortexc CellModule with handle {handle} in this process")
+        backend = parse_key(key).backend
+        cls = class_of(key)
+        with _SHARED_LOCK:
+            runner = _SHARED.get((key, index))
+            if runner is None:
+                runner = _SHARED[(key, index)] = _Runner(cls, backend, index)
     return runner
+
+
+def device_index(tensor: Tensor) -> int | None:
+    """The GPU a tensor is on (None for any other device): with the key, which runner an op takes."""
+    return tensor.device.index if tensor.device.type == "cuda" else None
 
 
 def _view(tensor: Tensor) -> np.ndarray:

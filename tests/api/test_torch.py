@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 import cortexc  # noqa: E402
 from cortexc import Forest, InputError  # noqa: E402
 from cortexc.errors import CortexcError  # noqa: E402
-from cortexc.torch import CellModule, ForestBatch, _split, cell_backward, cell_forward  # noqa: E402
+from cortexc.torch import CellModule, ForestBatch, _split, cell_backward, cell_forward, cell_key  # noqa: E402
 from tests.helpers import EXAMPLES, REPO, relative_error  # noqa: E402
 from tests.ir.test_autodiff import torch_binary_treelstm, torch_childsum  # noqa: E402
 
@@ -221,7 +221,8 @@ def test_opcheck_passes_on_both_ops(binary, rng):
     batch = ForestBatch.from_forest(forest)
     params = [getattr(module, n).detach().clone().requires_grad_(True) for n in module.runner.params]
     inputs = [torch.as_tensor(word, dtype=torch.int32)]
-    args = (module._handle, params, inputs, *batch.tensors(), False, torch.zeros((), dtype=torch.int64))
+    key = cell_key(binary, "cpu")
+    args = (key, params, inputs, *batch.tensors(), False, torch.zeros((), dtype=torch.int64))
     torch.library.opcheck(cell_forward, args)
     results = cell_forward(*args)
     states, hoisted, activations, _ = ([r.detach() for r in group] for group in _split(module.runner, results))
@@ -232,7 +233,7 @@ def test_opcheck_passes_on_both_ops(binary, rng):
     torch.library.opcheck(
         cell_backward,
         (
-            module._handle,
+            key,
             detached,
             inputs,
             *batch.tensors(),
@@ -277,7 +278,7 @@ def test_a_cell_module_pickles_and_deep_copies(binary, rng, tmp_path):
     word = torch.as_tensor(word)
     expected = module(forest, word=word)["logits"]
     for twin in (pickle.loads(pickle.dumps(module)), copy.deepcopy(module)):
-        assert twin._handle != module._handle
+        assert twin.runner is not module.runner
         assert torch.equal(twin(forest, word=word)["logits"], expected)
         with torch.no_grad():
             twin.W_s.zero_()  # its own params
@@ -515,10 +516,8 @@ def test_the_cuda_host_path_matches_the_cpu_module(binary, childsum, rng, sparse
             assert set(grads_emu) == set(grads_cpu)
             for key, value in grads_cpu.items():
                 assert relative_error(grads_emu[key].numpy(), value.numpy()) < 1e-4, key
-        from cortexc.torch import _RUNNERS
-
-        (handle,) = emulated._device_handles.values()
-        assert _RUNNERS[handle].backend == "cuda-emu" and _RUNNERS[handle].repacks == 2  # once per step
+        _, runner = emulated._runner_for(torch.device("cpu"))
+        assert runner.backend == "cuda-emu" and runner.repacks == 2  # once per step
 
 
 @pytest.mark.slow
@@ -530,10 +529,9 @@ def test_the_cuda_host_path_reads_and_writes_torch_s_tensors_in_place(childsum, 
     x = torch.from_numpy(rng.standard_normal((forest.num_nodes, CHILDSUM["X"])).astype(np.float32))
     x.requires_grad_(True)
     module(forest, x=x)  # makes the cuda-emu runner
-    from cortexc.torch import _RUNNERS
-
-    (handle,) = module._device_handles.values()
-    executor = _RUNNERS[handle].executor
+    _, runner = module._runner_for(torch.device("cpu"))
+    assert runner.backend == "cuda-emu"
+    executor = runner.executor
     seen = {}
     forward_at, backward_at = executor.run_forward_at, executor.run_backward_at
 
@@ -582,7 +580,8 @@ def test_the_cuda_runner_takes_torchs_arch_needs_no_pycuda_and_runs_on_torchs_st
     from cortexc.runtime.abi import LaunchMode, LaunchOptions
     from cortexc.targets.cuda import executor as cuda_runtime
     from cortexc.targets.cuda.emulated import build_emulated
-    from cortexc.torch import _HANDLES, _RUNNERS, _Runner
+    from cortexc.torch import _Runner
+    from cortexc.torch.runner import _SHARED
 
     monkeypatch.setitem(sys.modules, "pycuda", None)  # importing PyCUDA fails
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (8, 6))
@@ -604,8 +603,8 @@ def test_the_cuda_runner_takes_torchs_arch_needs_no_pycuda_and_runs_on_torchs_st
         return types.SimpleNamespace(cuda_stream=streams[len(asked) > 1])
 
     monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
-    handle = next(_HANDLES)
-    _RUNNERS[handle] = runner
+    key = cell_key(binary, "cuda")  # CPU tensors: the key's runner off a GPU (the module has none of its own)
+    _SHARED[(key, None)] = runner
     lib = runner.executor.lib
     try:
         module = CellModule(binary, seed=5)
@@ -615,9 +614,9 @@ def test_the_cuda_runner_takes_torchs_arch_needs_no_pycuda_and_runs_on_torchs_st
         mode_args = (False, torch.zeros((), dtype=torch.int64))  # evaluation mode
         inputs = [torch.as_tensor(word, dtype=torch.int32)]
         lib.cx_emu_stream_log_start()
-        got = cell_forward(handle, params, inputs, *batch.tensors(), *mode_args)
+        got = cell_forward(key, params, inputs, *batch.tensors(), *mode_args)
         forward_log = _stream_log(lib)
-        expected = cell_forward(module._handle, params, inputs, *batch.tensors(), *mode_args)
+        expected = cell_forward(cell_key(binary, "cpu"), params, inputs, *batch.tensors(), *mode_args)
         got_groups, expected_groups = _split(runner, got), _split(module.runner, expected)
         for group in (0, 1, 3):  # states, hoisted rows, outputs (only the CPU runner saves activations)
             for a, b in zip(got_groups[group], expected_groups[group], strict=True):
@@ -627,15 +626,15 @@ def test_the_cuda_runner_takes_torchs_arch_needs_no_pycuda_and_runs_on_torchs_st
         upstream = [torch.from_numpy(rng.standard_normal(o.shape).astype(np.float32)) for o in outputs]
         backward_args = (*batch.tensors(), states, hoisted, [], [None] * len(states), upstream, *mode_args)
         lib.cx_emu_stream_log_start()
-        grads = cell_backward(handle, params, inputs, *backward_args)
+        grads = cell_backward(key, params, inputs, *backward_args)
         backward_log = _stream_log(lib)
         saved = expected_groups[2]  # the CPU runner's own forward's activations
         cpu_args = (*batch.tensors(), states, hoisted, saved, [None] * len(states), upstream, *mode_args)
-        expected_grads = cell_backward(module._handle, params, inputs, *cpu_args)
+        expected_grads = cell_backward(cell_key(binary, "cpu"), params, inputs, *cpu_args)
         for a, b in zip(grads, expected_grads):
             assert relative_error(a.detach().numpy(), b.detach().numpy()) < 1e-5
     finally:
-        del _RUNNERS[handle]
+        del _SHARED[(key, None)]
     assert asked == [0, 0]  # the runner's device, once per call
     launches = {"split": "cooperative", "levels": "launch"}[mode]
     for log, stream in ((forward_log, streams[0]), (backward_log, streams[1])):
@@ -655,10 +654,7 @@ def test_a_failed_cuda_call_waits_for_its_stream_before_its_arena_is_reused(chil
     forest = Forest.random(3, rng=rng, max_children=3, max_nodes=9)
     x = torch.from_numpy(rng.standard_normal((forest.num_nodes, CHILDSUM["X"])).astype(np.float32))
     module(forest, x=x)  # makes the runner
-    from cortexc.torch import _RUNNERS
-
-    (handle,) = module._device_handles.values()
-    runner = _RUNNERS[handle]
+    _, runner = module._runner_for(torch.device("cpu"))
     executor = runner.executor
     events = []
     monkeypatch.setattr(runner, "stream", lambda: 0x77)
@@ -738,14 +734,15 @@ def test_opcheck_and_compile_with_dropout_in_training_mode(dropout_cell, rng):
     params = [getattr(module, n).detach().clone().requires_grad_(True) for n in module.runner.params]
     inputs = [torch.as_tensor(word, dtype=torch.int32)]
     seed = torch.tensor(-12345, dtype=torch.int64)  # two's complement: 2^64 - 12345
-    args = (module._handle, params, inputs, *batch.tensors(), True, seed)
+    key = cell_key(dropout_cell, "cpu")
+    args = (key, params, inputs, *batch.tensors(), True, seed)
     torch.library.opcheck(cell_forward, args)
     results = cell_forward(*args)
     states, hoisted, activations, _ = ([r.detach() for r in group] for group in _split(module.runner, results))
     torch.library.opcheck(
         cell_backward,
         (
-            module._handle,
+            key,
             [p.detach() for p in params],
             inputs,
             *batch.tensors(),

@@ -20,7 +20,8 @@ torch = pytest.importorskip("torch")
 import cortexc  # noqa: E402
 from cortexc import Forest, Vocab  # noqa: E402
 from cortexc.targets.c import executor as cpu  # noqa: E402
-from cortexc.torch import CellModule, ForestBatch, cell_forward  # noqa: E402
+from cortexc.torch import CellModule, ForestBatch, cell_forward, cell_key  # noqa: E402
+from cortexc.torch.runner import runner_for  # noqa: E402
 from tests.helpers import EXAMPLES, sst_path  # noqa: E402
 
 V = 60
@@ -253,9 +254,11 @@ def test_opcheck_and_compile_with_fold(binary, rng):
     forest, word = _case(rng)
     batch = ForestBatch.from_forest(forest)
     params = [getattr(module, n).detach().clone() for n in module.runner.params]
-    args = (module._handle, params, [word.to(torch.int32)], *batch.tensors(), False, torch.zeros((), dtype=torch.int64))
+    key = cell_key(binary, "cpu")
+    args = (key, params, [word.to(torch.int32)], *batch.tensors(), False, torch.zeros((), dtype=torch.int64))
     torch.library.opcheck(cell_forward, (*args, True))
-    assert _builds(module) >= 1  # the op itself folds with fold=True (its params: opcheck's copies)
+    shared = runner_for(key, params, None)  # opcheck's copies belong to no module: the key's shared runner
+    assert shared is not module.runner and shared.executor.fold_builds >= 1  # the op itself folds with fold=True
     builds = _builds(module)
     torch._dynamo.reset()
     counters.clear()

@@ -88,6 +88,7 @@ class Op(enum.Enum):
     # edges
     EDGE = "edge"  # attrs: name; a value of the edge to each child (CHILD domain): its position, its siblings
     EDGE_AT = "edge_at"  # attrs: name, k; that value of the edge to child k, 0 where there is no child k
+    EDGE_INPUT = "edge_input"  # attrs: name; an edge input's row for the edge to each child (CHILD domain)
 
 
 class Domain(enum.IntEnum):
@@ -165,7 +166,9 @@ class TypeContext(Protocol):
 
     def param_shape(self, name: str) -> Shape: ...
 
-    def input_decl(self, name: str) -> tuple[Shape, DType]: ...
+    def input_decl(self, name: str) -> tuple[Shape, DType, bool]:
+        """An input's row shape, its dtype, and whether it is on edges (one row per edge)."""
+        ...
 
     def state_shape(self, name: str) -> Shape: ...
 
@@ -181,6 +184,11 @@ class NodeEnv(Protocol):
     @property
     def children(self) -> Any:
         """The children's ids (an int array)."""
+        ...
+
+    @property
+    def edges(self) -> Any:
+        """The rows of the edges to the children in the edge inputs' arrays (an int array)."""
         ...
 
     @property
@@ -251,13 +259,18 @@ class Emitter(Protocol):
 
     def read(self, array: str, name: str, row: str, width: int) -> str:
         """Element `col` of a forest array's row: `array` is `input`, `state` or `pre` (a hoisted row),
-        `row` is `node` (this node), `child` (this child edge's child) or `kid<k>` (child k of this node)."""
+        `row` is `node` (this node), `child` (this child edge's child), `edge` (this child edge: an edge
+        input's row) or `kid<k>` (child k of this node)."""
         ...
 
     def param(self, name: str, offset: str) -> str: ...
 
     def index(self, name: str) -> str:
         """This node's value of index input `name`, as an int64_t."""
+        ...
+
+    def edge_index(self, name: str) -> str:
+        """This child edge's value of edge index input `name`, as an int64_t."""
         ...
 
     def adjoint(self, name: str, width: int) -> str: ...

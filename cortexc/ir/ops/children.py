@@ -159,6 +159,20 @@ def _edge_at(env: NodeEnv, value: Value, xs: list[np.ndarray], arg_values: Seque
     return np.full((1,), k if value.name == "position" else count, env.dtype)
 
 
+def _edge_input_type(ctx: TypeContext, value: Value, args: Sequence[Value]) -> tuple[Shape, Domain]:
+    expect(ctx.node_body, "edges are read only in node bodies")
+    shape, dtype, on_edge = ctx.input_decl(value.name)
+    expect(on_edge, "a node input is read per node (input)")
+    expect(value.dtype == dtype, "input dtype differs from its decl")
+    return shape, Domain.CHILD
+
+
+def _d_edge_input(d: Derivatives, g: int, y: int, args: Sequence[int], value: Value) -> Iterator[int | None]:
+    """The gradient of a float edge input is a result per child edge (an index one is never differentiated)."""
+    d.gradient("d_edge_input", g, value.name)
+    yield from ()
+
+
 def _c_edge(e: Emitter, value: Value) -> str:
     return e.edge_position() if value.name == "position" else e.edge_siblings()
 
@@ -267,6 +281,18 @@ CHILDREN: tuple[OpDef, ...] = (
         reads_children=True,
         childless_zero=True,
         addressable=False,
+    ),
+    OpDef(
+        Op.EDGE_INPUT,
+        OpKind.LEAF,
+        None,
+        0,
+        _edge_input_type,
+        lambda env, value, xs, args: env.inputs[value.name][env.edges],
+        _d_edge_input,
+        Placement.SOURCE,
+        lambda e, value: e.read("input", value.name, "edge", width(value)),
+        reads_children=True,
     ),
     OpDef(
         Op.CHILD_SOFTMAX,

@@ -108,8 +108,9 @@ def _param_type(ctx: TypeContext, value: Value, args: Sequence[Value]) -> tuple[
 
 
 def _input_type(ctx: TypeContext, value: Value, args: Sequence[Value]) -> tuple[Shape, Domain]:
-    shape, dtype = ctx.input_decl(value.name)
+    shape, dtype, on_edge = ctx.input_decl(value.name)
     expect(value.dtype == dtype, "input dtype differs from its decl")
+    expect(not on_edge, "an edge input is read per child edge (edge_input)")
     return shape, Domain.NODE
 
 
@@ -290,7 +291,8 @@ def _d_embed(d: Derivatives, g: int, y: int, args: Sequence[int], value: Value) 
 
 def _c_embed(e: Emitter, value: Value) -> str:
     table, index = e.arg_value(0), e.arg_value(1)
-    return e.param(table.name, f"{e.index(index.name)} * {table.shape[1]} + {e.col}")
+    row = e.edge_index(index.name) if index.op == Op.EDGE_INPUT else e.index(index.name)
+    return e.param(table.name, f"{row} * {table.shape[1]} + {e.col}")
 
 
 def _reshape_type(ctx: TypeContext, value: Value, args: Sequence[Value]) -> tuple[Shape, Domain]:

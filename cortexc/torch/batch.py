@@ -1,0 +1,116 @@
+"""`ForestBatch`: a linearised forest as the tensors the custom ops take, and a pytree node for `torch.export`.
+
+Registered with torch's pytree, a batch flattens to its six tensors and nothing else: the context is
+empty, so no size of the forest it was traced with (and not the `Forest` itself, which only the eager
+checks read) is baked into an exported program, and any other forest runs through it.
+`ForestBatch.dynamic_shapes` gives every size a `torch.export.Dim`. A batch pickles as its tensors too
+(`torch.export.save` keeps the example inputs, which `torch.export.load` reads with ``weights_only``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils import _pytree as pytree
+
+from cortexc.errors import InputError
+from cortexc.runtime.forest import Forest
+from cortexc.runtime.linearize import linearize
+
+#: the tensor fields, in the order the ops take them (and the pytree's leaves)
+TENSOR_FIELDS = ("level_order", "level_ptr", "edge_ptr", "edge_child", "roots", "internal")
+
+
+@dataclass(frozen=True, eq=False)
+class ForestBatch:
+    """A linearised forest as int64 tensors (`runtime/linearize.py`): what the kernels walk.
+
+    `internal` is the level-order tail of the nodes with children (its length sizes the hoisted rows,
+    so that shapes follow from tensor sizes alone, as `torch.compile` needs); `roots` the roots in the
+    forest's order. `forest` is kept to check the structure against a cell (in eager mode); a batch
+    rebuilt from its pytree leaves has none (the ops check what a compiled graph must).
+    """
+
+    level_order: Tensor
+    level_ptr: Tensor
+    edge_ptr: Tensor
+    edge_child: Tensor
+    roots: Tensor
+    internal: Tensor
+    forest: Forest | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_forest(cls, forest: Forest) -> ForestBatch:
+        if not isinstance(forest, Forest):
+            raise InputError(f"ForestBatch.from_forest expects a cortexc.Forest, got {type(forest).__name__}")
+        lin = linearize(forest)
+        order = torch.tensor(lin.level_order)  # copies: the forest's arrays are read-only
+        batch = cls(
+            level_order=order,
+            level_ptr=torch.tensor(lin.level_ptr),
+            edge_ptr=torch.tensor(lin.edge_ptr),
+            edge_child=torch.tensor(lin.edge_child),
+            roots=torch.tensor(lin.roots),
+            internal=order[lin.num_leaves :].clone(),  # its own tensor: a view would tie its size to a storage offset
+            forest=forest,
+        )
+        return batch.mark_dynamic()
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.level_order.shape[0])
+
+    def tensors(self) -> tuple[Tensor, ...]:
+        """The tensors in the order the ops take them."""
+        return (self.level_order, self.level_ptr, self.edge_ptr, self.edge_child, self.roots, self.internal)
+
+    def mark_dynamic(self) -> ForestBatch:
+        """Mark every size dynamic for `torch.compile` (`from_forest` does): forests of any size then share
+        one graph, except where two sizes of the first forest were equal (dynamo gives them one symbol)."""
+        for tensor in self.tensors():
+            torch._dynamo.maybe_mark_dynamic(tensor, 0)
+        return self
+
+    def __reduce__(self) -> tuple[Any, tuple[Tensor, ...]]:
+        """Pickled as its tensors, as in its pytree (the ops check the structure from them): a saved program's
+        example inputs then load under ``torch.load(weights_only=True)`` (`ForestBatch` is a safe global)."""
+        return (ForestBatch, self.tensors())
+
+    @staticmethod
+    def dynamic_shapes(nodes: Any = None, edges: Any = None) -> list[dict[int, Any]]:
+        """A batch's entry of `torch.export.export`'s ``dynamic_shapes``: every size a `torch.export.Dim`, so
+        that forests of any size run through the exported program. Pass the `nodes` Dim to give the inputs'
+        first dimension the same one (``{0: nodes}``), and the `edges` Dim for edge inputs; the level, root and
+        internal-node counts get Dims of their own. torch specialises a size of 0 or 1 in the example: export
+        with a forest that has at least 2 of each (nodes, edges, levels, roots, nodes with children)."""
+        dim = torch.export.Dim
+        nodes = dim("nodes") if nodes is None else nodes
+        edges = dim("edges") if edges is None else edges
+        levels, roots, internal = dim("levels"), dim("roots"), dim("internal")
+        return [{0: nodes}, {0: levels + 1}, {0: nodes + 1}, {0: edges}, {0: roots}, {0: internal}]
+
+
+# ------------------------------------------------------------------------------------------------ pytree
+def _flatten(batch: ForestBatch) -> tuple[list[Tensor], None]:
+    return list(batch.tensors()), None
+
+
+def _flatten_with_keys(batch: ForestBatch) -> tuple[list[tuple[Any, Tensor]], None]:
+    return [(pytree.GetAttrKey(name), getattr(batch, name)) for name in TENSOR_FIELDS], None
+
+
+def _unflatten(leaves: Any, context: None) -> ForestBatch:
+    return ForestBatch(*leaves)
+
+
+torch.serialization.add_safe_globals([ForestBatch])  # what `__reduce__` calls: it only stores its tensors
+pytree.register_pytree_node(
+    ForestBatch,
+    _flatten,
+    _unflatten,
+    serialized_type_name="cortexc.torch.ForestBatch",  # what a saved program names the type by
+    flatten_with_keys_fn=_flatten_with_keys,
+)
