@@ -20,9 +20,10 @@ import numpy as np
 from cortexc.ir import interp
 from cortexc.ir.cell import Body, Cell, GradKind
 from cortexc.runtime.forest import Forest
-from cortexc.runtime.linearize import Linearized, from_edge_order, linearize, to_edge_order
+from cortexc.runtime.linearize import Linearized, from_edge_order, to_edge_order
 from cortexc.runtime.params import check_params
 from cortexc.runtime.philox import EVAL, Dropout
+from cortexc.runtime.topdown import linearize_for
 from cortexc.runtime.validate import check_forest, check_inputs
 
 if TYPE_CHECKING:
@@ -200,7 +201,8 @@ def run(
     edge_inputs = [i.name for i in cell.inputs if i.on_edge]
     checked = to_edge_order(forest, check_inputs(cell, forest, inputs, dtype), edge_inputs)
     checked_params = check_params(cell, params, dtype=dtype)
-    return run_linearized(cell, linearize(forest), checked_params, checked, dtype, progress=progress, dropout=dropout)
+    lin = linearize_for(cell.signature(), forest)
+    return run_linearized(cell, lin, checked_params, checked, dtype, progress=progress, dropout=dropout)
 
 
 def backward(
@@ -224,7 +226,7 @@ def backward(
     check_forest(cell, forest)
     edge_inputs = [i.name for i in cell.inputs if i.on_edge]
     checked = to_edge_order(forest, check_inputs(cell, forest, inputs, dtype), edge_inputs)
-    lin = linearize(forest)
+    lin = linearize_for(cell.signature(), forest)
     params = check_params(cell, params, dtype=dtype)
     grads = backward_linearized(cell, lin, params, checked, states, upstream, dtype, dropout)
     return from_edge_order(forest, grads, edge_inputs)

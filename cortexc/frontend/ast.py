@@ -107,7 +107,15 @@ class EdgeAt:
     loc: SourceLoc
 
 
-Expr = Number | Name | Binary | Neg | Call | Slice | Index | ChildAll | ChildAt | EdgeAll | EdgeAt
+@dataclass(frozen=True)
+class ParentAll:
+    """``parent.s`` (a `down` cell): the parent's state s; on a DAG one per parent, in increasing id order."""
+
+    state: str
+    loc: SourceLoc
+
+
+Expr = Number | Name | Binary | Neg | Call | Slice | Index | ChildAll | ChildAt | EdgeAll | EdgeAt | ParentAll
 
 
 @dataclass(frozen=True)
@@ -163,7 +171,7 @@ class Assign:
 
 @dataclass(frozen=True)
 class Block:
-    kind: str  # "leaf" or "node"
+    kind: str  # "leaf", "node" or "root" (a down cell's)
     stmts: tuple[Assign, ...]
     loc: SourceLoc
 
@@ -187,6 +195,7 @@ class CellDef:
     arity: Number | None
     items: tuple[Item, ...]  # in source order (the checker enforces the order rules)
     loc: SourceLoc
+    down: bool = False  # `cell NAME on tree down`: roots first, reading `parent`
 
 
 @dataclass(frozen=True)

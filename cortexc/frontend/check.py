@@ -60,9 +60,10 @@ class DeclaredCell:
     params: tuple[ir.ParamDecl, ...]
     inputs: tuple[ir.InputDecl, ...]
     states: tuple[ir.StateDecl, ...]
-    leaf: ast.Block | None
+    leaf: ast.Block | None  # the leaf block, or a down cell's root block (nodes with nothing to read)
     node: ast.Block | None
     outputs: tuple[tuple[ast.OutputDecl, Shape], ...]
+    down: bool = False  # a `down` cell: roots first, reading `parent`
 
     @property
     def dim_map(self) -> dict[str, int]:
@@ -169,6 +170,17 @@ def _check_cell(cell_def: ast.CellDef, defines: Mapping[str, int], sink: ErrorSi
             phase = max(phase, 1)
             if item.kind in blocks:
                 sink.report(f"duplicate {item.kind} block (first at line {blocks[item.kind].loc.line})", item.loc)
+            elif item.kind == "root" and not cell_def.down:
+                sink.report(
+                    f"a root block in a bottom-up cell: only a down cell ('cell {cell_def.name} on "
+                    f"{cell_def.structure} down') has one; a bottom-up cell's nodes without children use leaf",
+                    item.loc,
+                )
+            elif item.kind == "leaf" and cell_def.down:
+                sink.report(
+                    "a leaf block in a down cell: a down cell computes roots first; nodes without a parent use root",
+                    item.loc,
+                )
             else:
                 blocks[item.kind] = item
         elif isinstance(item, ast.OutputDecl):
@@ -270,9 +282,10 @@ def _check_cell(cell_def: ast.CellDef, defines: Mapping[str, int], sink: ErrorSi
         params=tuple(params),
         inputs=tuple(inputs),
         states=tuple(states),
-        leaf=blocks.get("leaf"),
+        leaf=blocks.get("root" if cell_def.down else "leaf"),
         node=blocks.get("node"),
         outputs=tuple(outputs),
+        down=cell_def.down,
     )
 
 

@@ -90,13 +90,14 @@ def lower_cell(decl: DeclaredCell, sink: ErrorSink, source_file: str = "") -> ir
         leaf=leaf,
         outputs=tuple(outputs),
         source=source_file,
+        down=decl.down,
     )
 
 
 @dataclass
 class _Scope:
     decl: DeclaredCell
-    kind: str  # "leaf", "node" or "output"
+    kind: str  # "leaf", "root", "node" or "output"
     builder: BodyBuilder
     sink: ErrorSink
     locals: dict[str, int | None]  # None marks a name whose value had an error
@@ -133,7 +134,7 @@ def _lower_block(
         index, _ = scope.assigned_states[state.name]
         if index is not None:
             results.append((state.name, index))
-    kind = BodyKind.LEAF if block.kind == "leaf" else BodyKind.NODE
+    kind = BodyKind.LEAF if block.kind in ("leaf", "root") else BodyKind.NODE  # a root block reads no parent
     return scope.builder.finish(kind, results)
 
 
@@ -238,6 +239,8 @@ def _text(expr: ast.Expr) -> str:
         return f"edge.{expr.name}"
     if isinstance(expr, ast.EdgeAt):
         return f"edge[{_text(expr.k)}].{expr.name}"
+    if isinstance(expr, ast.ParentAll):
+        return f"parent.{expr.state}"
     return f"child[{_text(expr.k)}].{expr.state}"
 
 
@@ -408,6 +411,9 @@ def _call(scope: _Scope, expr: ast.Call) -> int | None:
             return None
         domain = max(v.domain for v in values)
         return b.add(Op.CONCAT, tuple(args), shape, domain, loc=expr.loc)
+    if func in CHILD_FUNCTIONS and scope.decl.down:
+        sink.report(f"{func} in a down cell: it normalises across children, which a down cell does not read", expr.loc)
+        return None
     if func in CHILD_FUNCTIONS:
         return _child_function(scope, expr)
     if func == "dropout":
@@ -441,13 +447,14 @@ def _call(scope: _Scope, expr: ast.Call) -> int | None:
     if arg is None:
         return None
     v = _value(scope, arg)
-    # a reduction over the children
-    if not _children_visible(scope, f"{func}(...)", expr.loc):
+    # a reduction over the children (over the parents in a down cell on a DAG)
+    if not _reduction_visible(scope, f"{func}(...)", expr.loc):
         return None
     if v.domain != Domain.CHILD and not _is_number(b.values, arg):
+        over, each = ("parents", "parent") if scope.decl.down else ("children", "child")
         sink.report(
-            f"{func} reduces over the children, but {_text(expr.args[0])} is the same for every child (it reads "
-            f"no per-child value); over a vector's components, write dot(v, w) for a weighted sum or layernorm(v)",
+            f"{func} reduces over the {over}, but {_text(expr.args[0])} is the same for every {each} (it reads "
+            f"no per-{each} value); over a vector's components, write dot(v, w) for a weighted sum or layernorm(v)",
             expr.loc,
         )
         return None
@@ -564,7 +571,36 @@ def _dropout(scope: _Scope, expr: ast.Call) -> int | None:
     return scope.builder.add(Op.DROPOUT, (arg,), v.shape, domain, (("site", site), ("p", float(p))), loc=expr.loc)
 
 
+def _reduction_visible(scope: _Scope, what: str, loc: SourceLoc) -> bool:
+    """Whether a reduction may be written here: over children in a node block, over parents in a down cell
+    on a DAG (not in its root block or outputs); a node of a tree has one parent, read as parent.NAME."""
+    if not scope.decl.down:
+        return _children_visible(scope, what, loc)
+    if not scope.decl.structure.shares_children:
+        scope.sink.report(
+            f"{what} in a down cell on a tree: a node has one parent, read as parent.NAME (per node, 0 at a root); "
+            "reductions over parents are for down cells on a dag",
+            loc,
+        )
+        return False
+    if scope.kind != "node":
+        where = "the root block: roots have no parent" if scope.kind == "root" else "an output"
+        scope.sink.report(f"{what} in {where}", loc)
+        return False
+    return True
+
+
 def _children_visible(scope: _Scope, what: str, loc: SourceLoc) -> bool:
+    if scope.decl.down:
+        if what.startswith("edge"):
+            scope.sink.report(f"{what} in a down cell: edge values of down cells are not built yet", loc)
+        else:
+            scope.sink.report(
+                f"{what} in a down cell: a down cell computes a node after its parent and reads it as parent.NAME; "
+                "children are read by bottom-up cells",
+                loc,
+            )
+        return False
     if scope.kind == "leaf":
         scope.sink.report(f"{what} in a leaf block: leaves have no children", loc)
         return False
@@ -705,7 +741,8 @@ def _state_named(scope: _Scope, name: str, loc: SourceLoc) -> ir.StateDecl | Non
         if state.name == name:
             return state
     names = [s.name for s in scope.decl.states]
-    scope.sink.report(f"the children have no state '{name}'" + did_you_mean(name, names), loc)
+    whose = "parents" if scope.decl.down else "children"
+    scope.sink.report(f"the {whose} have no state '{name}'" + did_you_mean(name, names), loc)
     return None
 
 
@@ -725,6 +762,33 @@ def _child_all(scope: _Scope, expr: ast.ChildAll) -> int | None:
     if state is None:
         return None
     return scope.builder.add(Op.CHILD_STATE, (), state.shape, Domain.CHILD, (("name", state.name),), loc=expr.loc)
+
+
+def _parent_all(scope: _Scope, expr: ast.ParentAll) -> int | None:
+    """`parent.s` in a down cell: the parent's state (0 at a root) on a tree, one per parent on a DAG (a
+    per-parent value, reduced like a per-child one): the reversed forest's child reads (`runtime.topdown`)."""
+    text = f"parent.{expr.state}"
+    if not scope.decl.down:
+        scope.sink.report(
+            f"{text} in a bottom-up cell: it reads its children (child.{expr.state}, child[k].{expr.state}) and runs "
+            f"a parent after its children; a cell that reads its parent is written 'cell {scope.decl.syntax.name} on "
+            f"{scope.decl.syntax.structure} down'",
+            expr.loc,
+        )
+        return None
+    if scope.kind == "root":
+        scope.sink.report(f"{text} in the root block: roots have no parent", expr.loc)
+        return None
+    if scope.kind == "output":
+        scope.sink.report(f"{text} in an output: outputs are computed from the node alone", expr.loc)
+        return None
+    state = _state_named(scope, expr.state, expr.loc)
+    if state is None:
+        return None
+    if scope.decl.structure.shares_children:
+        return scope.builder.add(Op.CHILD_STATE, (), state.shape, Domain.CHILD, (("name", state.name),), loc=expr.loc)
+    attrs = (("name", state.name), ("k", 0))
+    return scope.builder.add(Op.CHILD_STATE_AT, (), state.shape, Domain.NODE, attrs, loc=expr.loc)
 
 
 def _position_k(scope: _Scope, k_expr: ast.Expr, text: str, every: str, what: str, loc: SourceLoc) -> int | None:
@@ -819,6 +883,7 @@ _HANDLERS: dict[type[ast.Expr], Callable[[_Scope, Any], int | None]] = {
     ast.ChildAt: _child_at,
     ast.EdgeAll: _edge_all,
     ast.EdgeAt: _edge_at,
+    ast.ParentAll: _parent_all,
 }
 
 

@@ -150,7 +150,7 @@ def _describe_terminal(name: str) -> str:
 
 
 #: the terminals of the words Version 3 made keywords (a file that used one as a name must rename it)
-_VERSION_3_KEYWORDS = frozenset({"EDGE"})
+_VERSION_3_KEYWORDS = frozenset({"EDGE", "DOWN", "PARENT"})
 
 
 def _slip(source: str, token: Token) -> str:
@@ -161,13 +161,8 @@ def _slip(source: str, token: Token) -> str:
         return "there is no power operator '**': write x * x for a square (exp(p * log(x)) for x > 0 otherwise)"
     if token.type in _VERSION_3_KEYWORDS:
         return (
-            f"'{token}' is a keyword from Version 3 of the language on (edge.position, edge[k].NAME, ...):"
+            f"'{token}' is a keyword from Version 3 of the language on (edge.position, parent.h, cell ... down):"
             " a name cannot be spelt so; rename it"
-        )
-    if str(token) == "." and before.endswith("parent") and not before[:-6][-1:].isalnum():
-        return (
-            "a cell reads its children (child.h, child[k].h), never its parent: nodes are computed bottom up,"
-            " a parent after its children"
         )
     return ""
 
@@ -200,7 +195,7 @@ class _ToAst(Transformer):
     def module(self, *cells):
         return list(cells)
 
-    def cell(self, name, structure, *items):
+    def cell(self, name, structure, down, *items):
         kind, arity = structure
         body: list = []
         for item in items:  # a declaration line gives a list of items
@@ -208,7 +203,7 @@ class _ToAst(Transformer):
                 body.extend(item)
             elif item is not None:
                 body.append(item)
-        return ast.CellDef(str(name), kind, arity, tuple(body), self._at(name))
+        return ast.CellDef(str(name), kind, arity, tuple(body), self._at(name), down is not None)
 
     def tree(self, keyword, arity=None):
         return ("tree", arity)
@@ -273,6 +268,9 @@ class _ToAst(Transformer):
 
     def node_block(self, keyword, *stmts):
         return ast.Block("node", tuple(s for s in stmts if s is not None), self._at(keyword))
+
+    def root_block(self, keyword, *stmts):
+        return ast.Block("root", tuple(s for s in stmts if s is not None), self._at(keyword))
 
     def assign(self, *parts):
         eq_index = next(i for i, p in enumerate(parts) if isinstance(p, Token) and p.type == "EQ")
@@ -348,6 +346,9 @@ class _ToAst(Transformer):
 
     def edge_at(self, keyword, k, name):
         return ast.EdgeAt(k, str(name), self._at(keyword))
+
+    def parent_all(self, keyword, state):
+        return ast.ParentAll(str(state), self._at(keyword))
 
 
 def _loc_of(expr) -> SourceLoc:

@@ -222,6 +222,21 @@ class Cell:
     pre: Body | None = None
     grads: Gradients | None = None
     source: str = ""  # the .cell file it came from, for messages
+    down: bool = False  # roots first: the bodies read a node's parents as its children (`runtime.topdown`)
+
+    @property
+    def read_arity(self) -> int | None:
+        """How many nodes a body reads by position (`child_state_at`): the arity, or for a down cell on a tree
+        its one parent (position 0)."""
+        if self.down:
+            return None if self.structure.shares_children else 1
+        return self.arity
+
+    @property
+    def shares_read_nodes(self) -> bool:
+        """Whether a node may be read by several nodes of one level (its gradient is added atomically): a DAG's
+        shared children, and in a down cell any parent with several children."""
+        return self.structure.shares_children or self.down
 
     def param(self, name: str) -> ParamDecl:
         return _find(self.params, name, "param")

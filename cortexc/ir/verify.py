@@ -145,7 +145,7 @@ class _Context:
         self.node_body = role == BodyKind.NODE
         self.output_body = role == BodyKind.OUTPUT
         self.gradient = body.kind == BodyKind.GRAD
-        self.arity = cell.arity
+        self.arity = cell.read_arity
 
     def param_shape(self, name: str) -> Shape:
         return self.cell.param(name).shape

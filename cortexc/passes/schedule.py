@@ -452,7 +452,7 @@ def _kernel(
         store_target, mode, store_rows = _GRADIENT_STORES[result_name.kind]
         if result_name.kind == GradKind.EMBED:  # a table looked up per child edge (W[edge.rel]) too
             store_rows = row_kind(values[index])
-        if cell.structure.shares_children and result_name.kind in (GradKind.CHILD, GradKind.CHILD_AT):
+        if cell.shares_read_nodes and result_name.kind in (GradKind.CHILD, GradKind.CHILD_AT):
             mode = StoreMode.ATOMIC_ADD  # a shared child's parents may be in the same level
         steps.append(
             Store(

@@ -28,11 +28,12 @@ from cortexc.errors import CortexcError, InputError, OutputError
 from cortexc.runtime.backends import BACKENDS, ExecutorRequest, backend, compile_ir
 from cortexc.runtime.executor import Executor
 from cortexc.runtime.forest import Forest
-from cortexc.runtime.linearize import from_edge_order, linearize, to_edge_order
+from cortexc.runtime.linearize import from_edge_order, to_edge_order
 from cortexc.runtime.package import FORMAT_VERSION, CellSpec, FormatError, PackageSpec
 from cortexc.runtime.params import check_params, init_params, take_over, write_params_file
 from cortexc.runtime.philox import EVAL, SEED_LIMIT, Dropout, checked_seed
 from cortexc.runtime.signature import CellSignature
+from cortexc.runtime.topdown import linearize_for
 from cortexc.runtime.validate import check_forest, check_inputs, checked_flag
 
 if TYPE_CHECKING:
@@ -175,7 +176,8 @@ class CellModel:
         check_forest(self.signature, forest)
         checked = to_edge_order(forest, check_inputs(self.signature, forest, inputs), self._edge_inputs)
         executor = self._executor_for_device()
-        out, kept = executor.forward(linearize(forest), checked, keep=grad, host=host, dropout=dropout)
+        lin = linearize_for(self.signature, forest)
+        out, kept = executor.forward(lin, checked, keep=grad, host=host, dropout=dropout)
         result = Outputs(out)
         result.dropout_seed = dropout.seed if dropout.train else None
         if grad:

@@ -24,6 +24,7 @@ class StructureSig:
     kind: str  # "tree" or "dag": the name written in the `.cell` file
     shares_children: bool  # a node may have several parents (a DAG)
     arity: int | None  # exact number of child slots (`tree(arity = 2)`), None for any
+    down: bool = False  # a `down` cell: run on the reversed forest (`runtime.topdown`), roots first
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,7 @@ class CellSignature:
                 "kind": self.structure.kind,
                 "shares_children": self.structure.shares_children,
                 "arity": self.structure.arity,
+                "down": self.structure.down,
             },
             "dims": dict(self.dims),
             "params": [
@@ -138,7 +140,10 @@ class CellSignature:
             return cls(
                 name=str(data["name"]),
                 structure=StructureSig(
-                    str(structure["kind"]), bool(structure["shares_children"]), _opt_int(structure["arity"])
+                    str(structure["kind"]),
+                    bool(structure["shares_children"]),
+                    _opt_int(structure["arity"]),
+                    bool(structure["down"]),
                 ),
                 dims=tuple((str(k), int(v)) for k, v in data["dims"].items()),
                 params=tuple(

@@ -55,6 +55,11 @@ class CellModule(nn.Module):
         super().__init__()
         if not (isinstance(cls, type) and issubclass(cls, CellModel)):
             raise CortexcError(f"CellModule wraps a cell class of a generated package, got {cls!r}")
+        if cls.signature.structure.down:  # ForestBatch carries the bottom-up linearization only so far
+            raise CortexcError(
+                f"cell {cls.signature.name} is a down cell: cortexc.torch does not take them yet; "
+                "use the NumPy API (cortexc.load)"
+            )
         on_edge = [i.name for i in cls.signature.inputs if i.on_edge]
         if on_edge:  # ForestBatch carries no edge order yet
             raise CortexcError(

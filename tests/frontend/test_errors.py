@@ -191,10 +191,11 @@ CASES = [
     (
         "parent-in-a-bottom-up-cell",
         node("h = parent.h"),
-        CellSyntaxError,
+        CellTypeError,
         6,
-        22,
-        "a cell reads its children (child.h, child[k].h), never its parent",
+        16,
+        "parent.h in a bottom-up cell: it reads its children (child.h, child[k].h) and runs a parent after its "
+        "children; a cell that reads its parent is written 'cell C on tree down'",
     ),
     (
         "transpose",
