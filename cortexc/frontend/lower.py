@@ -362,10 +362,61 @@ def _family_product(scope: _Scope, expr: ast.Binary, family: ir.ParamDecl) -> in
     return b.add(Op.RESHAPE, (product,), (r, m), v.domain, loc=expr.loc)
 
 
+#: the most matrices of a family that `W[edge.rel] @ v` multiplies all of, in one GEMM, before choosing a row
+#: per child (more: each child's matrix is looked up and multiplied on its own)
+MAX_SELECTED_MATRICES = 16
+
+
+def _selected_per_child(scope: _Scope, index: ast.Expr, family: ir.ParamDecl) -> bool:
+    """Whether `W[index] @ v` runs as all of W's products, then a row per child: `index` is edge.position, or
+    an edge index input over a family of at most `MAX_SELECTED_MATRICES`."""
+    if not isinstance(index, ast.EdgeAll):
+        return False
+    if index.name == "position":
+        return True
+    on_edge = any(i.name == index.name and i.on_edge and i.is_index for i in scope.decl.inputs)
+    return on_edge and family.shape[0] <= MAX_SELECTED_MATRICES
+
+
+def _family_select(scope: _Scope, expr: ast.Binary, family: ir.ParamDecl) -> int | None:
+    """`W[edge.position] @ v` or `W[edge.rel] @ v`: the products of all of W's matrices with v, one GEMM (grouped,
+    not per edge), then each child's row chosen by its position or relation (`select`)."""
+    member = expr.left
+    assert isinstance(member, ast.Index)  # `_selected_per_child` said so
+    r, m, _ = family.shape
+    index = _expr(scope, member.index)
+    if index is None:
+        return None
+    i = _value(scope, index)
+    if i.op == Op.EDGE and scope.decl.arity is not None and r < scope.decl.arity:
+        scope.sink.report(
+            f"{_text(member)}: {family.name} has {r} matrices but a child's position ranges over [0, "
+            f"{scope.decl.arity}) (arity {scope.decl.arity})",
+            member.loc,
+        )
+        return None
+    if i.op == Op.EDGE_INPUT:
+        index_range = next(d.index_range for d in scope.decl.inputs if d.name == i.name)
+        if index_range is not None and index_range > r:
+            scope.sink.report(
+                f"{_text(member)}: {family.name} has {r} matrices but {i.name} ranges over [0, {index_range})",
+                member.loc,
+            )
+            return None
+    products = _family_product(scope, ast.Binary("@", member.base, expr.right, expr.loc), family)
+    if products is None:
+        return None
+    domain = max(_value(scope, products).domain, i.domain)
+    return scope.builder.add(Op.SELECT, (products, index), (m,), domain, loc=expr.loc)
+
+
 def _binary(scope: _Scope, expr: ast.Binary) -> int | None:
     family = _family(scope, expr.left) if expr.op == "@" else None
     if family is not None:
         return _family_product(scope, expr, family)
+    member_of = _family(scope, expr.left.base) if expr.op == "@" and isinstance(expr.left, ast.Index) else None
+    if member_of is not None and _selected_per_child(scope, expr.left.index, member_of):  # type: ignore[union-attr]
+        return _family_select(scope, expr, member_of)
     left = _float_operand(scope, expr.left)
     right = _float_operand(scope, expr.right)
     if left is None or right is None:
@@ -641,6 +692,13 @@ def _family_member(scope: _Scope, expr: ast.Index, family: ir.ParamDecl) -> int 
     if row is None:
         return None
     i = _value(scope, row)
+    if i.op == Op.EDGE and i.attr("name") == "position":
+        scope.sink.report(
+            f"{_text(expr)}: a matrix of a family chosen by edge.position is read as {_text(expr)} @ v (the matrix "
+            "itself, per child, is not built yet)",
+            expr.loc,
+        )
+        return None
     if i.dtype != DType.I32:
         scope.sink.report(
             f"{_text(expr)}: a matrix of the family {family.name} is chosen by an index value "

@@ -25,7 +25,21 @@ def cell_signature(cell: Cell) -> CellSignature:
         states=cell.states,
         outputs=tuple(OutputSig(o.name, o.shape, o.at_root) for o in cell.outputs),
         embeddings=embeddings(cell),
+        positions=positions(cell),
     )
+
+
+def positions(cell: Cell) -> tuple[tuple[str, int], ...]:
+    """Each family whose matrices `W[edge.position] @ v` chooses by a child's position, with its number of
+    matrices: the runtime refuses a forest with a node of more children (`check_forest`)."""
+    found: dict[str, int] = {}
+    for body in cell.bodies():
+        for value in body.values:
+            if value.op is Op.SELECT and body.values[value.args[1]].op is Op.EDGE:
+                products = body.values[value.args[0]]
+                family = body.values[body.values[products.args[0]].args[0]].name  # reshape(matmul(param, v))
+                found[family] = products.shape[0]
+    return tuple(sorted(found.items()))
 
 
 def _rows_of(cell: Cell, body: Body) -> str:

@@ -22,7 +22,7 @@ from cortexc.runtime.abi import LaunchOptions
 from cortexc.runtime.signature import CellSignature
 
 #: the format this runtime reads and the compiler writes; a package of another is compiled again
-FORMAT_VERSION = 8  # 7: inputs say whether they are on edges; 8: structures whether they run down
+FORMAT_VERSION = 9  # 7: inputs on edges; 8: structures that run down; 9: families chosen by edge.position
 
 
 def _ints(values: Any) -> tuple[int, ...]:

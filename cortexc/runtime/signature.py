@@ -100,6 +100,8 @@ class CellSignature:
     states: tuple[StateSig, ...]
     outputs: tuple[OutputSig, ...]
     embeddings: tuple[EmbeddingSig, ...] = ()
+    #: (family, its number of matrices) for each `W[edge.position] @ v`: a node may have that many children
+    positions: tuple[tuple[str, int], ...] = ()
 
     def embedding(self, param: str) -> EmbeddingSig | None:
         """The look-up of `param` if it is used only as an embedding table, else None."""
@@ -130,6 +132,7 @@ class CellSignature:
             "states": [{"name": s.name, "shape": list(s.shape)} for s in self.states],
             "outputs": [{"name": o.name, "shape": list(o.shape), "at_root": o.at_root} for o in self.outputs],
             "embeddings": [{"param": e.param, "index": e.index, "rows": list(e.rows)} for e in self.embeddings],
+            "positions": [[family, count] for family, count in self.positions],
         }
 
     @classmethod
@@ -166,6 +169,7 @@ class CellSignature:
                     EmbeddingSig(str(e["param"]), str(e["index"]), tuple(str(r) for r in e["rows"]))
                     for e in data.get("embeddings", ())
                 ),
+                positions=tuple((str(family), int(count)) for family, count in data["positions"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise CortexcError(f"a cell signature in cell.json is malformed ({type(err).__name__}: {err})") from None

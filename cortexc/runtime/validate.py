@@ -11,7 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
-from cortexc.errors import InputError
+from cortexc.errors import ForestError, InputError
 from cortexc.runtime.forest import Forest
 from cortexc.runtime.signature import CellSignature
 
@@ -59,6 +59,13 @@ def check_forest(cell: AnyCell, forest: Forest) -> None:
     if not isinstance(forest, Forest):
         raise InputError(f"expected a cortexc.Forest, got {type(forest).__name__}")
     forest.check_structure(is_dag=sig.structure.shares_children, arity=sig.arity, cell_name=sig.name)
+    for family, count in sig.positions:  # W[edge.position] chooses among `count` matrices
+        if forest.num_nodes and int(forest.max_children) > count:
+            node = int(np.flatnonzero(np.asarray(forest.num_children) > count)[0])
+            raise ForestError(
+                f"node {node} has {int(forest.num_children[node])} children, but {family}[edge.position] of cell "
+                f"{sig.name} chooses among {count} matrices (positions 0 to {count - 1})"
+            )
 
 
 def _edge_text(forest: Forest, edge: int) -> str:

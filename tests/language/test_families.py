@@ -270,3 +270,104 @@ def test_the_family_cells_compile_with_nvcc_without_spills(modules):
         assert result.returncode == 0, result.stderr[-3000:]
         spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", result.stderr)
         assert spills and all(stores == loads == "0" for stores, loads in spills), result.stderr[-2000:]
+
+
+# --------------------------------------------------------------------------- a matrix per child
+
+
+#: a child's matrix chosen by its position (TBCNN-style) and by its edge's relation, both as one GEMM over
+#: the family then a row per child (`select`); WIDE's relations (more than MAX_SELECTED_MATRICES) are looked
+#: up per child instead
+PER_CHILD = """
+cell PerChild on tree {
+    dim X = 4, H = 5, P = 4, R = 3, S = 20
+    input x[X]
+    input rel : index[R] on edge, wide : index[S] on edge
+    param W[H, X], U[P, H, H], A[R, H, H], B[S, H, H], b[H]
+    state h[H]
+    node {
+        h = tanh(W @ x + sum(U[edge.position] @ child.h) + sum(A[edge.rel] @ tanh(child.h))
+                 + sum(B[edge.wide] @ child.h) * 0.5 + b)
+    }
+}
+"""
+
+
+def _per_child_reference(forest: Forest, p: dict, x, rel, wide) -> dict:
+    hs = {}
+    for node in (int(n) for n in forest.level_order):
+        total = p["W"] @ x[node] + p["b"]
+        start = int(forest.edge_ptr[node])
+        for k, kid in enumerate(int(c) for c in forest.children(node)):
+            e = start + k
+            total = total + p["U"][k] @ hs[kid] + p["A"][int(rel[e])] @ torch.tanh(hs[kid])
+            total = total + 0.5 * (p["B"][int(wide[e])] @ hs[kid])
+        hs[node] = torch.tanh(total)
+    return {"h": torch.stack([hs[i] for i in range(forest.num_nodes)])}
+
+
+@pytest.fixture(scope="module")
+def per_child(tmp_path_factory):
+    out = tmp_path_factory.mktemp("per_child")
+    path = out / "per_child.cell"
+    path.write_text(PER_CHILD, encoding="utf-8")
+    return cortexc.load(path, out_dir=out / "pkg")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_matrices_chosen_per_child_match_per_node_torch(per_child, device):
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    model = _model(per_child, "PerChild", device, seed)
+    rng = np.random.default_rng(seed)
+    forest = Forest.concat([_forests(seed)["shuffled"], Forest.random(5, rng=rng, max_children=4, max_nodes=12)])
+    inputs = {
+        "x": rng.standard_normal((forest.num_nodes, 4)).astype(np.float32),
+        "rel": rng.integers(0, 3, forest.num_edges).astype(np.int32),
+        "wide": rng.integers(0, 20, forest.num_edges).astype(np.int32),
+    }
+    params = _torch(model.params)
+    x = torch.tensor(inputs["x"], dtype=torch.float64, requires_grad=True)
+    expected = _per_child_reference(forest, params, x, inputs["rel"], inputs["wide"])["h"]
+    out = model(forest, grad=True, **inputs)
+    assert relative_error(out["h"], expected.detach().numpy()) < 1e-5, f"seed {seed}"
+    upstream = rng.standard_normal(expected.shape)
+    (expected * torch.tensor(upstream)).sum().backward()
+    grads = model.backward(out, {"h": upstream.astype(np.float32)})
+    for name, leaf in {**params, "x": x}.items():
+        assert relative_error(grads[name], leaf.grad.numpy()) < 1e-5, f"seed {seed}: d{name}"
+
+
+def test_a_product_chosen_by_position_is_one_gemm_and_a_row_per_child():
+    from cortexc.ir.ops import Op
+
+    (cell,) = cortexc.compile_source(PER_CHILD, "per_child.cell")
+    ops = [v.op for v in cell.node.values]
+    assert ops.count(Op.SELECT) == 2  # position and rel; the 20 relations of `wide` are looked up per child
+    assert ops.count(Op.EMBED) == 1
+
+
+def test_a_node_with_more_children_than_positions_is_refused_by_name(per_child):
+    from cortexc.errors import ForestError
+
+    model = per_child.PerChild(device="cpu")
+    forest = Forest.from_parents([5, 5, 5, 5, 5, -1])
+    inputs = {"x": np.zeros((6, 4), np.float32), "rel": np.zeros(5, np.int32), "wide": np.zeros(5, np.int32)}
+    with pytest.raises(ForestError, match=r"node 5 has 5 children, but U\[edge.position\] of cell PerChild chooses"):
+        model(forest, **inputs)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("h = tanh(sum(U[edge.position] @ child.h))", "U has 2 matrices but a child's position ranges over [0, 3)"),
+        ("h = tanh(sum(U[edge.position]) @ x)", "is read as U[edge.position] @ v"),
+    ],
+)
+def test_position_errors_are_located(body, message):
+    source = (
+        "cell E on tree(arity = 3) {\n    dim H = 4\n    input x[H]\n    param U[2, H, H]\n    state h[H]\n"
+        f"    node {{ {body} }}\n}}\n"
+    )
+    with pytest.raises(CellTypeError) as err:
+        lower_source(source, "e.cell")
+    assert message in str(err.value) and str(err.value).startswith("e.cell:6:"), str(err.value)

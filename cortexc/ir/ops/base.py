@@ -66,6 +66,8 @@ class Op(enum.Enum):
     CONCAT = "concat"  # vectors end to end, matrices stacked by rows
     EMBED = "embed"  # args: param matrix, index input -> row
     RESHAPE = "reshape"  # attrs: none; the same row of floats seen with another shape (a 3-D param's views)
+    SELECT = "select"  # args: [R, M] matrix, index (an index value or edge.position) -> its row [M]
+    UNSELECT = "unselect"  # args: [M] row, index -> [R, M] zeros but that row (select's derivative)
     # derivatives (made by `autodiff`, never written by users)
     ADJOINT = "adjoint"  # attrs: name; the incoming gradient of the body's result `name` for this node
     SAVED = "saved"  # attrs: name, column; a value the training forward kept for this node (`passes.saving`)

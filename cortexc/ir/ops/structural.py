@@ -309,6 +309,63 @@ def _d_reshape(d: Derivatives, g: int, y: int, args: Sequence[int], value: Value
     yield d.op(Op.RESHAPE, g, shape=d.value(args[0]).shape)
 
 
+def _is_row_index(index: Value) -> bool:
+    """What chooses a row of a family's products: an index value, or a child's place among its siblings."""
+    return index.dtype == DType.I32 or (index.op == Op.EDGE and index.attr("name") == "position")
+
+
+def _rows_chosen(env: NodeEnv, index: np.ndarray, index_value: Value) -> np.ndarray:
+    """The interpreter's row numbers (int64): one per child (or one) from an index value or positions."""
+    leading = index.shape[: index.ndim - len(index_value.shape)]
+    return np.asarray(index).reshape(leading).astype(np.int64)
+
+
+def _select_type(ctx: TypeContext, value: Value, args: Sequence[Value]) -> tuple[Shape, Domain]:
+    expect(len(args[0].shape) == 2, "a selection takes a row of a matrix")
+    expect(_is_row_index(args[1]), "a row is chosen by an index value or edge.position")
+    return (args[0].shape[1],), _widest(args)
+
+
+def _select(env: NodeEnv, value: Value, xs: list[np.ndarray], arg_values: Sequence[Value]) -> np.ndarray:
+    rows = _rows_chosen(env, xs[1], arg_values[1])
+    matrices = np.broadcast_to(xs[0], rows.shape + arg_values[0].shape)
+    return np.take_along_axis(matrices, rows[..., None, None], axis=-2)[..., 0, :]
+
+
+def _d_select(d: Derivatives, g: int, y: int, args: Sequence[int], value: Value) -> Iterator[int | None]:
+    """The gradient goes to the chosen row alone (`unselect`)."""
+    rows = d.value(args[0]).shape[0]
+    yield d.op(Op.UNSELECT, g, args[1], shape=(rows, d.value(g).shape[0]), attrs=(("rows", rows),))
+    yield None
+
+
+def _c_select(e: Emitter, value: Value) -> str:
+    m = value.shape[0]
+    return e.arg(0, f"(int64_t)({e.arg(1, '0')}) * {m} + ({e.col})")
+
+
+def _unselect_type(ctx: TypeContext, value: Value, args: Sequence[Value]) -> tuple[Shape, Domain]:
+    expect(len(args[0].shape) == 1 and _is_row_index(args[1]), "unselect puts a row back by its index")
+    return (value.attr("rows"), args[0].shape[0]), _widest(args)
+
+
+def _unselect(env: NodeEnv, value: Value, xs: list[np.ndarray], arg_values: Sequence[Value]) -> np.ndarray:
+    rows = _rows_chosen(env, xs[1], arg_values[1])
+    chosen = np.arange(value.attr("rows")) == rows[..., None]  # [..., R]
+    return np.where(chosen[..., None], xs[0][..., None, :], np.zeros((), env.dtype)).astype(env.dtype, copy=False)
+
+
+def _d_unselect(d: Derivatives, g: int, y: int, args: Sequence[int], value: Value) -> Iterator[int | None]:
+    yield d.op(Op.SELECT, g, args[1], shape=d.value(args[0]).shape)
+    yield None
+
+
+def _c_unselect(e: Emitter, value: Value) -> str:
+    m = value.shape[1]
+    row = f"(int64_t)({e.arg(1, '0')})"
+    return f"({row} == ({e.col}) / {m} ? {e.arg(0, f'({e.col}) % {m}')} : 0.0f)"
+
+
 def _transpose_type(ctx: TypeContext, value: Value, args: Sequence[Value]) -> tuple[Shape, Domain]:
     expect(len(args[0].shape) == 2, "transpose needs a matrix")
     return (args[0].shape[1], args[0].shape[0]), args[0].domain
@@ -438,6 +495,34 @@ STRUCTURAL: tuple[OpDef, ...] = (
         _d_embed,
         Placement.SOURCE,
         _c_embed,
+        index_args=(1,),
+    ),
+    OpDef(
+        Op.SELECT,
+        _S,
+        None,
+        2,
+        _select_type,
+        _select,
+        _d_select,
+        Placement.ELEMENTWISE,
+        _c_select,
+        at_zero=0.0,
+        zero_absorbs=(0,),
+        index_args=(1,),
+    ),
+    OpDef(
+        Op.UNSELECT,
+        _S,
+        None,
+        2,
+        _unselect_type,
+        _unselect,
+        _d_unselect,
+        Placement.ELEMENTWISE,
+        _c_unselect,
+        at_zero=0.0,
+        zero_absorbs=(0,),
         index_args=(1,),
     ),
     OpDef(
