@@ -1,5 +1,6 @@
 """examples/sst_table.py: the SST table script end to end on a tiny random subset, its results reproduced from the
-files it names, and its accuracy rule (binary neutral nodes left out) on hand-made cases."""
+files it names, its accuracy rule (binary neutral nodes left out) on hand-made cases, and the bidirectional
+Tree-LSTM's hand-chained gradient (two cells) against autograd of a per-node float64 torch reference."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ import pytest
 import cortexc
 from cortexc import Forest, Vocab
 from cortexc.runtime import safetensors
-from tests.helpers import EXAMPLES, REPO, SST_DIR, sst_path
+from cortexc.train import SparseRows
+from tests.helpers import EXAMPLES, REPO, SST_DIR, relative_error, sst_path
 
-pytestmark = pytest.mark.slow  # trains four small models and evaluates them on all of dev and test
+pytestmark = pytest.mark.slow  # trains six small models and evaluates them on all of dev and test
 
 SCRIPT = EXAMPLES / "sst_table.py"
 FIELDS = {
@@ -38,6 +40,8 @@ FIELDS = {
     "seed",
 }
 LIMIT, SEED = 40, 3
+MODELS = ("rnn", "mvrnn", "bitreelstm")  # one with a 3-D param, one of two cells
+BI_CELLS = ("SSTBiTreeLSTMUp", "SSTBiTreeLSTMDown")  # bitreelstm.cell: bottom-up, then down
 
 
 def _example():
@@ -70,12 +74,12 @@ def _at(path: str) -> Path:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """One short run of two models (one with a 3-D param) on both tasks; the checkout listed before and after."""
+    """One short run of three models on both tasks; the checkout listed before and after."""
     sst_path("train")
     out = tmp_path_factory.mktemp("sst") / "table"
     before = _listing(EXAMPLES), sorted(p.name for p in REPO.iterdir())
     done = _run(
-        "--out", str(out), "--models", "rnn", "mvrnn", "--epochs", "1", "--train-limit", str(LIMIT), "--seed", str(SEED)
+        "--out", str(out), "--models", *MODELS, "--epochs", "1", "--train-limit", str(LIMIT), "--seed", str(SEED)
     )
     after = _listing(EXAMPLES), sorted(p.name for p in REPO.iterdir())
     assert done.returncode == 0, done.stderr[-3000:]
@@ -85,12 +89,10 @@ def run(tmp_path_factory):
 def test_results_have_one_row_per_model_and_task_with_exactly_the_fields(run):
     out, done, _, _ = run
     rows = json.loads((out / "results.json").read_text())
-    assert sorted((r["model"], r["task"]) for r in rows) == sorted(
-        (m, t) for m in ("rnn", "mvrnn") for t in ("fine", "binary")
-    )
+    assert sorted((r["model"], r["task"]) for r in rows) == sorted((m, t) for m in MODELS for t in ("fine", "binary"))
     vocab = json.loads((out / "vocab.json").read_text())
     for row in rows:
-        assert set(row) == FIELDS
+        assert set(row) == (FIELDS | {"cells"} if row["model"] == "bitreelstm" else FIELDS)
         assert _at(row["cell"]) == EXAMPLES / "sst" / f"{row['model']}.cell"
         assert _at(row["vocab"]) == out / "vocab.json"
         assert _at(row["params"]).is_file() and out in _at(row["params"]).parents
@@ -102,6 +104,31 @@ def test_results_have_one_row_per_model_and_task_with_exactly_the_fields(run):
     assert {"results.json", "table.md", "vocab.json", "train_trees.json", "log.jsonl"} <= {
         p.name for p in out.iterdir()
     }
+
+
+def test_the_bitreelstm_row_names_both_cells_and_prefixes_the_params_of_its_file(run):
+    """The two-cell row: `class` is the down cell's (the logits), `params` holds every param of both cells as
+    <Cell>.<param> (as `cortexc export` names those of a file of several cells), and `cells` gives each cell
+    with a file of its own params under their own names, bottom-up first."""
+    out, _, _, _ = run
+    rows = [r for r in json.loads((out / "results.json").read_text()) if r["model"] == "bitreelstm"]
+    assert len(rows) == 2
+    for row in rows:
+        assert row["class"] == BI_CELLS[1]
+        assert [c["class"] for c in row["cells"]] == list(BI_CELLS)
+        assert all(set(c) == {"cell", "class", "params"} and c["cell"] == row["cell"] for c in row["cells"])
+        module = cortexc.load(_at(row["cell"]), out_dir=out / "check" / row["task"], **row["dims"])
+        combined = safetensors.load(_at(row["params"]))
+        expected = {}
+        for entry in row["cells"]:
+            model = getattr(module, entry["class"])(device="cpu", seed=None)
+            own = safetensors.load(_at(entry["params"]))
+            assert sorted(own) == sorted(model.params)
+            for name, value in own.items():
+                assert value.dtype == np.float32 and value.shape == model.params[name].shape, name
+                expected[f"{entry['class']}.{name}"] = value
+        assert sorted(combined) == sorted(expected)
+        assert all(np.array_equal(combined[k], v) for k, v in expected.items())
 
 
 def test_the_script_writes_nothing_in_the_checkout(run):
@@ -133,20 +160,47 @@ def test_saved_params_reload_into_the_cell_and_give_the_reported_accuracies(run,
     ids = {s: np.array([0 if w is None else index.get(w, 1) for w in f.words], np.int32) for s, f in splits.items()}
     for row in rows:
         module = cortexc.load(_at(row["cell"]), out_dir=tmp_path / f"{row['model']}-{row['task']}", **row["dims"])
-        model = getattr(module, row["class"])(device="cpu", seed=None)
-        saved = safetensors.load(_at(row["params"]))
-        assert sorted(saved) == sorted(model.params)
-        for name, value in saved.items():
-            assert value.dtype == np.float32 and value.shape == model.params[name].shape, name
-        model.load_params(_at(row["params"]))
+        if row["model"] == "bitreelstm":
+            logits_of = _bitreelstm_logits(module, row)
+        else:
+            model = getattr(module, row["class"])(device="cpu", seed=None)
+            saved = safetensors.load(_at(row["params"]))
+            assert sorted(saved) == sorted(model.params)
+            for name, value in saved.items():
+                assert value.dtype == np.float32 and value.shape == model.params[name].shape, name
+            model.load_params(_at(row["params"]))
+
+            def logits_of(forest, words, model=model):
+                return model(forest, word=words)["logits"]
+
         for split, forest in splits.items():
-            logits = model(forest, word=ids[split])["logits"]
+            logits = logits_of(forest, ids[split])
             labels = _labels(forest, row["task"])
             roots = np.asarray(forest.roots)
             root = _percent(logits[roots], labels[roots])
             assert abs(root - row[f"{split}_root_acc"]) < 0.05, (row["model"], row["task"], split)
             if split == "test":
                 assert abs(_percent(logits, labels) - row["test_all_acc"]) < 0.05, (row["model"], row["task"])
+
+
+def _bitreelstm_logits(module, row):
+    """The bidirectional Tree-LSTM recomputed from its row alone: both cells' params from the prefixed file,
+    the bottom-up h given to the down cell as `hu`; the per-cell files give the same logits."""
+    combined = safetensors.load(_at(row["params"]))
+    up, down = (getattr(module, name)(device="cpu", seed=None) for name in BI_CELLS)
+    up.load_params({k.split(".", 1)[1]: v for k, v in combined.items() if k.startswith(f"{BI_CELLS[0]}.")})
+    down.load_params({k.split(".", 1)[1]: v for k, v in combined.items() if k.startswith(f"{BI_CELLS[1]}.")})
+    again = [getattr(module, c["class"])(device="cpu", seed=None) for c in row["cells"]]
+    for model, entry in zip(again, row["cells"]):
+        model.load_params(_at(entry["params"]))
+
+    def logits_of(forest, words):
+        logits = down(forest, word=words, hu=up(forest, word=words)["h"])["logits"]
+        h = again[0](forest, word=words)["h"]
+        assert np.array_equal(again[1](forest, word=words, hu=h)["logits"], logits)
+        return logits
+
+    return logits_of
 
 
 def test_the_vocabulary_is_the_drawn_train_words_in_id_order(run):
@@ -215,11 +269,88 @@ def test_the_binary_loss_leaves_out_neutral_nodes():
     assert counted == int(kept.sum()) == 4 and loss == pytest.approx(expected, rel=1e-5)
 
 
-def test_bitreelstm_is_refused_until_down_cells_exist(tmp_path):
-    done = _run("--out", str(tmp_path / "t"), "--models", "rnn", "bitreelstm")
-    assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert "down" in done.stderr and "bitreelstm" in done.stderr
+def test_every_model_is_a_default_and_an_unknown_one_is_refused(tmp_path):
+    example = _example()
+    assert example.parse_args(["--out", "x"]).models == ["rnn", "mvrnn", "rntn", "treelstm", "bitreelstm"]
+    done = _run("--out", str(tmp_path / "t"), "--models", "rnn", "lstm")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "lstm" in done.stderr and "bitreelstm" in done.stderr  # the choices
     assert not (tmp_path / "t").exists()
+
+
+def _bitreelstm_reference(torch, params, forest, words, H):
+    """bitreelstm.cell node by node in float64: the bottom-up Tree-LSTM (children first), then the top-down
+    one from each root (a root reads no parent), then every node's logits from [h_down; h_up]."""
+    up = {k.split(".", 1)[1]: v for k, v in params.items() if k.startswith(f"{BI_CELLS[0]}.")}
+    dn = {k.split(".", 1)[1]: v for k, v in params.items() if k.startswith(f"{BI_CELLS[1]}.")}
+    sig, tanh = torch.sigmoid, torch.tanh
+    n = forest.num_nodes
+    h_up, c_up, h_dn, c_dn = [None] * n, [None] * n, [None] * n, [None] * n
+
+    def bottom_up(node):
+        kids = [int(k) for k in forest.children(node)]
+        for kid in kids:
+            bottom_up(kid)
+        if not kids:
+            g = up["W_x"] @ up["E"][int(words[node])] + up["b_x"]
+            c_up[node] = sig(g[:H]) * tanh(g[2 * H :])
+        else:
+            left, right = kids
+            hc = torch.cat([h_up[left], h_up[right]])
+            g = up["U"] @ hc + up["b_u"]
+            f = sig(up["U_f"] @ hc + up["b_f"])
+            c_up[node] = sig(g[:H]) * tanh(g[2 * H :]) + f[:H] * c_up[left] + f[H:] * c_up[right]
+        h_up[node] = sig(g[H : 2 * H]) * tanh(c_up[node])
+
+    def top_down(node, parent):
+        g = dn["W_x"] @ dn["E"][int(words[node])] + dn["W_u"] @ h_up[node] + dn["b"]
+        if parent is None:
+            c_dn[node] = sig(g[:H]) * tanh(g[3 * H :])
+        else:
+            g = g + dn["U"] @ h_dn[parent]
+            c_dn[node] = sig(g[:H]) * tanh(g[3 * H :]) + sig(g[H : 2 * H]) * c_dn[parent]
+        h_dn[node] = sig(g[2 * H : 3 * H]) * tanh(c_dn[node])
+        for kid in forest.children(node):
+            top_down(int(kid), node)
+
+    for root in forest.roots:
+        bottom_up(int(root))
+        top_down(int(root), None)
+    return torch.stack([dn["W_s"] @ torch.cat([h_dn[i], h_up[i]]) + dn["b_s"] for i in range(n)])
+
+
+def test_the_bitreelstm_gradient_chained_by_hand_matches_autograd_of_a_float64_reference(tmp_path):
+    """The trainer's gradient of one small batch (binary: neutral nodes out of the loss), the down cell's
+    gradient of `hu` carried into the bottom-up cell by `Chain.backward`, against torch autograd of the same
+    cost computed node by node in float64; a one-word sentence makes a root that is also a leaf."""
+    torch = pytest.importorskip("torch")
+    example = _example()
+    forest = Forest.from_ptb(["(3 (2 (2 a) (4 b)) (1 c))", "(1 d)", "(4 (0 e) (2 (3 (2 a) (4 f)) (1 g)))"])
+    vocab = Vocab.build([forest])
+    H = 4
+    spec = example.MODELS["bitreelstm"]
+    module = cortexc.load(EXAMPLES / "sst" / spec.cell, out_dir=tmp_path / "bi", V=len(vocab), X=3, H=H, C=2)
+    model, class_name = example.make_model(module, spec, seed=5)
+    assert isinstance(model, example.Chain) and class_name == BI_CELLS[1] and model.names == BI_CELLS
+    noise = np.random.default_rng(7)  # biases off zero, larger weights: every gate away from its linear range
+    model.load_params({k: v + noise.normal(0, 0.3, v.shape) for k, v in model.params.items()})
+    words, labels = vocab.encode(forest), example.task_labels(forest.labels, "binary")
+    assert (labels == -1).any()
+
+    loss, counted, grads = example.Trainer(model, spec).gradients(forest, words, labels, train=False)
+    grads = {k: g.to_dense() if isinstance(g, SparseRows) else g for k, g in grads.items()}
+
+    params = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in model.params.items()}
+    logits = _bitreelstm_reference(torch, params, forest, words, H)
+    kept = torch.tensor(np.flatnonzero(labels >= 0))
+    expected = torch.nn.functional.cross_entropy(logits[kept], torch.tensor(labels)[kept], reduction="sum")
+    (expected / forest.num_trees).backward()
+    assert counted == len(kept) and loss == pytest.approx(expected.item(), rel=1e-5)
+    assert relative_error(model(forest, word=words)["logits"], logits.detach().numpy()) < 1e-5
+    assert sorted(grads) == sorted(params)
+    for name, param in params.items():
+        assert np.abs(param.grad.numpy()).max() > 0, name  # every param reaches the loss
+        assert relative_error(grads[name], param.grad.numpy()) < 1e-4, name
 
 
 def test_missing_data_is_a_clear_error(tmp_path):
