@@ -19,8 +19,9 @@ import numpy as np
 
 from cortexc.ir import interp
 from cortexc.ir.cell import Body, Cell, GradKind
+from cortexc.runtime.edges import from_kernel_order, to_kernel_order
 from cortexc.runtime.forest import Forest
-from cortexc.runtime.linearize import Linearized, from_edge_order, to_edge_order
+from cortexc.runtime.linearize import Linearized
 from cortexc.runtime.params import check_params
 from cortexc.runtime.philox import EVAL, Dropout
 from cortexc.runtime.topdown import linearize_for
@@ -198,8 +199,7 @@ def run(
     the inputs do not fit the cell.
     """
     check_forest(cell, forest)
-    edge_inputs = [i.name for i in cell.inputs if i.on_edge]
-    checked = to_edge_order(forest, check_inputs(cell, forest, inputs, dtype), edge_inputs)
+    checked = to_kernel_order(cell.signature(), forest, check_inputs(cell, forest, inputs, dtype))
     checked_params = check_params(cell, params, dtype=dtype)
     lin = linearize_for(cell.signature(), forest)
     return run_linearized(cell, lin, checked_params, checked, dtype, progress=progress, dropout=dropout)
@@ -224,12 +224,11 @@ def backward(
     the sum of the gradients of the rows that were looked up.
     """
     check_forest(cell, forest)
-    edge_inputs = [i.name for i in cell.inputs if i.on_edge]
-    checked = to_edge_order(forest, check_inputs(cell, forest, inputs, dtype), edge_inputs)
+    checked = to_kernel_order(cell.signature(), forest, check_inputs(cell, forest, inputs, dtype))
     lin = linearize_for(cell.signature(), forest)
     params = check_params(cell, params, dtype=dtype)
     grads = backward_linearized(cell, lin, params, checked, states, upstream, dtype, dropout)
-    return from_edge_order(forest, grads, edge_inputs)
+    return from_kernel_order(cell.signature(), forest, grads)
 
 
 @dataclass

@@ -22,6 +22,7 @@ from cortexc.frontend import ast
 from cortexc.ir import cell as ir
 from cortexc.ir.ops import Shape
 from cortexc.options import MAX_DIM, define_problem
+from cortexc.runtime.signature import GIVEN_INPUTS
 
 INIT_ARITY = {"zeros": 0, "ones": 0, "xavier": 0, "uniform": 2, "normal": 2}
 
@@ -233,6 +234,12 @@ def _check_cell(cell_def: ast.CellDef, defines: Mapping[str, int], sink: ErrorSi
         if isinstance(item, ast.InputDecl):
             if not declare(item.name, "an input", item.loc):
                 continue
+            if item.name in GIVEN_INPUTS.values():
+                sink.report(
+                    f"an input cannot be named '{item.name}': the runtime gives down cells an edge input so named",
+                    item.loc,
+                )
+                continue
             if item.name in RESERVED_INPUTS:
                 sink.report(
                     f"an input cannot be named '{item.name}': inputs are passed as keywords of "
@@ -271,6 +278,8 @@ def _check_cell(cell_def: ast.CellDef, defines: Mapping[str, int], sink: ErrorSi
             shape = shape_of(item.shape, f"output {item.name}", item.loc)
             if shape is not None:
                 outputs.append((item, shape))
+    if cell_def.down:  # what a node's edge to its parent holds: given by the runtime (`runtime.edges`)
+        inputs += [ir.InputDecl(name, (1,), None, True, given_by) for given_by, name in GIVEN_INPUTS.items()]
     if not any(isinstance(item, ast.StateDecl) for item in cell_def.items):
         sink.report(f"cell '{cell_def.name}' declares no state: it would compute nothing", cell_def.loc)
 

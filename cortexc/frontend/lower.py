@@ -42,6 +42,7 @@ from cortexc.ir.ops import (
     slice_shape,
 )
 from cortexc.ir.ops.children import EDGE_VALUES
+from cortexc.runtime.signature import GIVEN_INPUTS
 
 FUNCTIONS = sorted([*CALLS, *REDUCTIONS, *CHILD_FUNCTIONS, "concat", "dropout"])
 
@@ -388,14 +389,15 @@ def _family_select(scope: _Scope, expr: ast.Binary, family: ir.ParamDecl) -> int
     if index is None:
         return None
     i = _value(scope, index)
-    if i.op == Op.EDGE and scope.decl.arity is not None and r < scope.decl.arity:
+    by_position = isinstance(member.index, ast.EdgeAll) and member.index.name == "position"
+    if by_position and scope.decl.arity is not None and r < scope.decl.arity:
         scope.sink.report(
             f"{_text(member)}: {family.name} has {r} matrices but a child's position ranges over [0, "
             f"{scope.decl.arity}) (arity {scope.decl.arity})",
             member.loc,
         )
         return None
-    if i.op == Op.EDGE_INPUT:
+    if i.op == Op.EDGE_INPUT and not by_position:
         index_range = next(d.index_range for d in scope.decl.inputs if d.name == i.name)
         if index_range is not None and index_range > r:
             scope.sink.report(
@@ -407,7 +409,8 @@ def _family_select(scope: _Scope, expr: ast.Binary, family: ir.ParamDecl) -> int
     if products is None:
         return None
     domain = max(_value(scope, products).domain, i.domain)
-    return scope.builder.add(Op.SELECT, (products, index), (m,), domain, loc=expr.loc)
+    attrs = (("by", "position" if by_position else "index"),)
+    return scope.builder.add(Op.SELECT, (products, index), (m,), domain, attrs, loc=expr.loc)
 
 
 def _binary(scope: _Scope, expr: ast.Binary) -> int | None:
@@ -643,8 +646,12 @@ def _reduction_visible(scope: _Scope, what: str, loc: SourceLoc) -> bool:
 
 def _children_visible(scope: _Scope, what: str, loc: SourceLoc) -> bool:
     if scope.decl.down:
-        if what.startswith("edge"):
-            scope.sink.report(f"{what} in a down cell: edge values of down cells are not built yet", loc)
+        if what.startswith("edge"):  # edge[k]: a down cell reads the edge to its parent, as edge.NAME
+            scope.sink.report(
+                f"{what} in a down cell: a node's edge to its parent is read as edge.NAME (edge[k] reads the edge "
+                "to child k, which a down cell does not read)",
+                loc,
+            )
         else:
             scope.sink.report(
                 f"{what} in a down cell: a down cell computes a node after its parent and reads it as parent.NAME; "
@@ -885,7 +892,7 @@ def _child_at(scope: _Scope, expr: ast.ChildAt) -> int | None:
 def _edge_value(scope: _Scope, name: str, text: str, loc: SourceLoc, inputs: bool = True) -> bool:
     """Whether `name` is a value edges have: position, siblings, or (with `inputs`) an edge input; else a
     located error listing them (a node input read so is told to be read by its bare name)."""
-    edge_inputs = [i.name for i in scope.decl.inputs if i.on_edge] if inputs else []
+    edge_inputs = [i.name for i in scope.decl.inputs if i.on_edge and not i.given_by] if inputs else []
     if name in EDGE_VALUES or name in edge_inputs:
         return True
     known = [*EDGE_VALUES, *edge_inputs]
@@ -897,8 +904,38 @@ def _edge_value(scope: _Scope, name: str, text: str, loc: SourceLoc, inputs: boo
     return False
 
 
+def _down_edge(scope: _Scope, expr: ast.EdgeAll) -> int | None:
+    """`edge.NAME` in a down cell: of the edge to each parent (a per-parent value) on a DAG, of the edge to the
+    parent (per node, 0 at a root: the sum over its at most one parent) on a tree. Position and siblings are
+    edge inputs the runtime gives (`runtime.edges`), read like the caller's."""
+    text = _text(expr)
+    if scope.kind != "node":
+        where = "the root block: roots have no parent" if scope.kind == "root" else "an output"
+        scope.sink.report(f"{text} in {where}", expr.loc)
+        return None
+    if not _edge_value(scope, expr.name, text, expr.loc):
+        return None
+    name = GIVEN_INPUTS.get(expr.name, expr.name)
+    decl = next(i for i in scope.decl.inputs if i.name == name and i.on_edge)
+    tree = not scope.decl.structure.shares_children
+    if decl.is_index and tree:
+        scope.sink.report(
+            f"{text}: an edge index input in a down cell on a tree is not built yet (on a dag it is per parent)",
+            expr.loc,
+        )
+        return None
+    dtype = DType.I32 if decl.is_index else DType.F32
+    b = scope.builder
+    per_parent = b.add(Op.EDGE_INPUT, (), decl.shape, Domain.CHILD, (("name", name),), dtype, loc=expr.loc)
+    if not tree:
+        return per_parent
+    return b.add(Op.SUM, (per_parent,), decl.shape, Domain.NODE, loc=expr.loc)  # the one parent's, 0 at a root
+
+
 def _edge_all(scope: _Scope, expr: ast.EdgeAll) -> int | None:
     """`edge.position`, `edge.siblings`, `edge.w` (an edge input): a value per child (the edge to it)."""
+    if scope.decl.down:
+        return _down_edge(scope, expr)
     text = _text(expr)
     if not _children_visible(scope, text, expr.loc) or not _edge_value(scope, expr.name, text, expr.loc):
         return None

@@ -35,7 +35,7 @@ def positions(cell: Cell) -> tuple[tuple[str, int], ...]:
     found: dict[str, int] = {}
     for body in cell.bodies():
         for value in body.values:
-            if value.op is Op.SELECT and body.values[value.args[1]].op is Op.EDGE:
+            if value.op is Op.SELECT and value.attr("by") == "position":
                 products = body.values[value.args[0]]
                 family = body.values[body.values[products.args[0]].args[0]].name  # reshape(matmul(param, v))
                 found[family] = products.shape[0]

@@ -94,25 +94,6 @@ def edge_order(forest: Forest) -> np.ndarray:
     return cached
 
 
-def to_edge_order(forest: Forest, inputs: dict[str, np.ndarray], edge_inputs: list[str]) -> dict[str, np.ndarray]:
-    """The inputs with each edge input's rows in the kernels' child-edge order (a copy; the rest as they are)."""
-    if not edge_inputs:
-        return inputs
-    order = edge_order(forest)
-    return {name: np.ascontiguousarray(a[order]) if name in edge_inputs else a for name, a in inputs.items()}
-
-
-def from_edge_order(forest: Forest, grads: dict, edge_inputs: list[str]) -> dict:
-    """Gradients of edge inputs back in the forest's edge order (the inverse of `to_edge_order`)."""
-    order = edge_order(forest)
-    for name in edge_inputs:
-        if name in grads:
-            back = np.empty_like(grads[name])
-            back[order] = grads[name]
-            grads[name] = back
-    return grads
-
-
 def _readonly(array: np.ndarray) -> np.ndarray:
     """A read-only view over a read-only base (kept for every later call: no one may make it writeable)."""
     array.flags.writeable = False

@@ -26,9 +26,9 @@ import numpy as np
 
 from cortexc.errors import CortexcError, InputError, OutputError
 from cortexc.runtime.backends import BACKENDS, ExecutorRequest, backend, compile_ir
+from cortexc.runtime.edges import from_kernel_order, to_kernel_order
 from cortexc.runtime.executor import Executor
 from cortexc.runtime.forest import Forest
-from cortexc.runtime.linearize import from_edge_order, to_edge_order
 from cortexc.runtime.package import FORMAT_VERSION, CellSpec, FormatError, PackageSpec
 from cortexc.runtime.params import check_params, init_params, take_over, write_params_file
 from cortexc.runtime.philox import EVAL, SEED_LIMIT, Dropout, checked_seed
@@ -174,7 +174,7 @@ class CellModel:
         grad, host = checked_flag(grad, "grad"), checked_flag(host, "host")
         dropout = self._dropout_mode(train, dropout_seed)
         check_forest(self.signature, forest)
-        checked = to_edge_order(forest, check_inputs(self.signature, forest, inputs), self._edge_inputs)
+        checked = to_kernel_order(self.signature, forest, check_inputs(self.signature, forest, inputs))
         executor = self._executor_for_device()
         lin = linearize_for(self.signature, forest)
         out, kept = executor.forward(lin, checked, keep=grad, host=host, dropout=dropout)
@@ -234,22 +234,17 @@ class CellModel:
                 looked_up[embedding.param] = rows.astype(np.int64)
         if looked_up and getattr(executor, "sparse_backward", False):  # only the rows computed (cpu)
             values = executor.backward(kept, checked, shapes, sparse_rows=looked_up)  # type: ignore[call-arg]
-            grads: dict[str, np.ndarray | SparseRows] = from_edge_order(forest, dict(values), self._edge_inputs)
+            grads: dict[str, np.ndarray | SparseRows] = from_kernel_order(self.signature, forest, dict(values))
             for name, rows in looked_up.items():
                 grads[name] = SparseRows(rows, values[name], tuple(shapes[name]))
             return grads
-        grads = from_edge_order(forest, dict(executor.backward(kept, checked, shapes)), self._edge_inputs)
+        grads = from_kernel_order(self.signature, forest, dict(executor.backward(kept, checked, shapes)))
         for name, rows in looked_up.items():
             dense = grads[name]
             if not isinstance(dense, np.ndarray):  # pragma: no cover - every executor returns arrays
                 raise CortexcError(f"the gradient of {name} is not an array")
             grads[name] = SparseRows(rows, dense[rows], dense.shape)
         return grads
-
-    @property
-    def _edge_inputs(self) -> list[str]:
-        """The inputs given per edge, whose rows the executors take in their child-edge order."""
-        return [i.name for i in self.signature.inputs if i.on_edge]
 
     def _executor_for_device(self) -> Executor:
         """The executor of this model's device, built (or loaded from the cache) on first use."""

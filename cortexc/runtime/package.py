@@ -22,7 +22,7 @@ from cortexc.runtime.abi import LaunchOptions
 from cortexc.runtime.signature import CellSignature
 
 #: the format this runtime reads and the compiler writes; a package of another is compiled again
-FORMAT_VERSION = 9  # 7: inputs on edges; 8: structures that run down; 9: families chosen by edge.position
+FORMAT_VERSION = 10  # 7: inputs on edges; 8: cells that run down; 9: edge.position families; 10: given_by
 
 
 def _ints(values: Any) -> tuple[int, ...]:

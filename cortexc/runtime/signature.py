@@ -49,6 +49,11 @@ class ParamSig:
         return math.prod(self.shape)
 
 
+#: the edge inputs the runtime gives a `down` cell (`runtime.edges`), by what they hold: the edge to a node's
+#: parent's `edge.position` and `edge.siblings` (names no `.cell` file may declare)
+GIVEN_INPUTS = {"position": "_edge_position", "siblings": "_edge_siblings"}
+
+
 @dataclass(frozen=True)
 class InputSig:
     """An input: float32 rows of `shape`, or (``index_range`` set) one int32 in [0, range); one row per node,
@@ -58,6 +63,7 @@ class InputSig:
     shape: Shape
     index_range: int | None = None
     on_edge: bool = False
+    given_by: str = ""  # "": the caller's; "position" / "siblings": given by the runtime (`runtime.edges`)
 
     @property
     def is_index(self) -> bool:
@@ -126,7 +132,13 @@ class CellSignature:
                 for p in self.params
             ],
             "inputs": [
-                {"name": i.name, "shape": list(i.shape), "index_range": i.index_range, "on_edge": i.on_edge}
+                {
+                    "name": i.name,
+                    "shape": list(i.shape),
+                    "index_range": i.index_range,
+                    "on_edge": i.on_edge,
+                    "given_by": i.given_by,
+                }
                 for i in self.inputs
             ],
             "states": [{"name": s.name, "shape": list(s.shape)} for s in self.states],
@@ -158,7 +170,13 @@ class CellSignature:
                     for p in data["params"]
                 ),
                 inputs=tuple(
-                    InputSig(str(i["name"]), _shape(i["shape"]), _opt_int(i["index_range"]), bool(i["on_edge"]))
+                    InputSig(
+                        str(i["name"]),
+                        _shape(i["shape"]),
+                        _opt_int(i["index_range"]),
+                        bool(i["on_edge"]),
+                        str(i["given_by"]),
+                    )
                     for i in data["inputs"]
                 ),
                 states=tuple(StateSig(str(s["name"]), _shape(s["shape"])) for s in data["states"]),

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from cortexc.runtime.csr import counts_to_ptr
+from cortexc.runtime.csr import counts_to_ptr, gather_segments
 from cortexc.runtime.forest import Forest
 from cortexc.runtime.linearize import Linearized, linearize
 from cortexc.runtime.signature import CellSignature
@@ -30,6 +30,21 @@ def reversed_forest(forest: Forest) -> Forest:
         ptr = counts_to_ptr(np.bincount(children, minlength=forest.num_nodes).astype(np.int64))
         cached = Forest(ptr, parents[by_child])
         forest.derived["reversed"] = cached
+        forest.derived["reversed_edges"] = by_child  # the reversed forest's edge j is the forest's edge by_child[j]
+    return cached
+
+
+def edge_order_down(forest: Forest) -> np.ndarray:
+    """For each child edge the kernels of a `down` cell walk (the reversed forest's, `linearize_down`), the
+    forest's number of that edge (`linearize.edge_order` for bottom-up cells)."""
+    cached = forest.derived.get("edge_order_down")
+    if cached is None:
+        turned = reversed_forest(forest)
+        ids = np.arange(turned.num_edges, dtype=np.int64)
+        rows = gather_segments(turned.child_ptr, ids, np.asarray(turned.level_order, dtype=np.int64))
+        cached = np.ascontiguousarray(forest.derived["reversed_edges"][rows], dtype=np.int64)
+        cached.flags.writeable = False
+        forest.derived["edge_order_down"] = cached
     return cached
 
 

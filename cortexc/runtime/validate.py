@@ -79,7 +79,7 @@ def check_inputs(
 ) -> dict[str, np.ndarray]:
     """The inputs as contiguous arrays: float ones as `dtype` `[N, X]`, index ones as int32 `[N]`."""
     cell = signature(cell)
-    declared = {decl.name: decl for decl in cell.inputs}
+    declared = {decl.name: decl for decl in cell.inputs if not decl.given_by}  # the runtime gives the others
     unknown = sorted(set(inputs) - set(declared))
     if unknown:
         raise InputError(

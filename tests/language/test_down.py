@@ -251,7 +251,19 @@ ERRORS = [
     ("dag down", "node { h = tanh(x + sum(child_softmax(parent.h) * parent.h)) }", "child_softmax in a down", "child_"),
     ("tree down", "root { h = tanh(parent.h) }\n    node { h = x }", "parent.h in the root block", "parent.h"),
     ("tree down", "node { h = tanh(x + parent.c) }", "the parents have no state 'c'", "parent.c"),
-    ("dag down", "node { h = tanh(x + sum(edge.position * parent.h)) }", "edge values of down cells are not", "edge."),
+    (
+        "tree(arity = 2) down",
+        "node { h = tanh(x + edge[0].position * parent.h) }",
+        "edge[0].position in a down",
+        "edge[",
+    ),
+    (
+        "tree down",
+        "root { h = tanh(x * edge.siblings) }\n    node { h = x }",
+        "edge.siblings in the root block",
+        "edge.",
+    ),
+    ("tree down", "node { h = tanh(x * edge.parent_count) }", "unknown edge value 'parent_count'", "edge."),
 ]
 
 
@@ -322,3 +334,156 @@ def test_down_cells_compile_with_nvcc_without_spills(modules):
         assert result.returncode == 0, result.stderr[-3000:]
         spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", result.stderr)
         assert spills and all(stores == loads == "0" for stores, loads in spills), result.stderr[-2000:]
+
+
+# --------------------------------------------------------------------------- the edge to the parent
+
+
+#: the spec's top-down Tree-LSTM (Teng & Zhang 2017): left and right children get their own recurrent weights,
+#: chosen by the node's place under its parent; plus an edge input and the parent's number of children
+POSITIONS = """
+cell TopDown on tree(arity = 2) down {
+    dim X = 4, H = 5
+    input x[X]
+    input w[2] on edge
+    param W[4*H, X], U[2, 4*H, H], V[4*H, 2], b[4*H], s[4*H]
+    state h[H], c[H]
+    root {
+        g = W @ x + b
+        c = sigmoid(g[0:H]) * tanh(g[2*H:3*H])
+        h = sigmoid(g[3*H:4*H]) * tanh(c)
+    }
+    node {
+        g = W @ x + U[edge.position] @ parent.h + V @ edge.w + edge.siblings * s + b
+        c = sigmoid(g[0:H]) * tanh(g[2*H:3*H]) + sigmoid(g[H:2*H]) * parent.c
+        h = sigmoid(g[3*H:4*H]) * tanh(c)
+    }
+}
+"""
+
+#: a DAG read from its parents through typed edges: a matrix per relation and per position, an edge feature
+DAG_EDGES = """
+cell DagEdges on dag down {
+    dim X = 4, H = 5, R = 3
+    input x[X]
+    input rel : index[R] on edge
+    input w[1] on edge
+    param W[H, X], U[R, H, H], P[4, H, H], b[H]
+    state h[H]
+    node {
+        h = tanh(W @ x + sum(U[edge.rel] @ parent.h) + 0.5 * sum(P[edge.position] @ parent.h)
+                 + sum(edge.w * parent.h) + sum(edge.siblings) * b)
+    }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def edge_modules(tmp_path_factory):
+    out = tmp_path_factory.mktemp("down_edges")
+    built = {}
+    for name, text in (("positions", POSITIONS), ("dag", DAG_EDGES)):
+        path = out / f"{name}.cell"
+        path.write_text(text, encoding="utf-8")
+        built[name] = cortexc.load(path, out_dir=out / name)
+    return built
+
+
+def _edge_to(forest: Forest, parent: int, node: int) -> tuple[int, int, int]:
+    """(edge number, the node's place under the parent, the parent's number of children), from the forest."""
+    start = int(forest.edge_ptr[parent])
+    place = [int(c) for c in forest.children(parent)].index(node)
+    return start + place, place, int(forest.num_children[parent])
+
+
+def _positions_reference(forest: Forest, p: dict, x, w) -> dict:
+    H = p["b"].shape[0] // 4
+    hs, cs = {}, {}
+    for node in _root_first(forest):
+        (parent,) = _parents_of(forest, node) or [None]
+        g = p["W"] @ x[node] + p["b"]
+        if parent is not None:
+            e, place, siblings = _edge_to(forest, parent, node)
+            g = g + p["U"][place] @ hs[parent] + p["V"] @ w[e] + siblings * p["s"]
+        c = torch.sigmoid(g[:H]) * torch.tanh(g[2 * H : 3 * H])
+        if parent is not None:
+            c = c + torch.sigmoid(g[H : 2 * H]) * cs[parent]
+        hs[node], cs[node] = torch.sigmoid(g[3 * H :]) * torch.tanh(c), c
+    order = range(forest.num_nodes)
+    return {"h": torch.stack([hs[i] for i in order]), "c": torch.stack([cs[i] for i in order])}
+
+
+def _dag_edges_reference(forest: Forest, p: dict, x, rel, w) -> dict:
+    hs = {}
+    for node in _root_first(forest):
+        total = p["W"] @ x[node]
+        for parent in _parents_of(forest, node):
+            e, place, siblings = _edge_to(forest, parent, node)
+            total = total + p["U"][int(rel[e])] @ hs[parent] + 0.5 * (p["P"][place] @ hs[parent])
+            total = total + w[e] * hs[parent] + siblings * p["b"]
+        hs[node] = torch.tanh(total)
+    return {"h": torch.stack([hs[i] for i in range(forest.num_nodes)])}
+
+
+def _edge_forests(kind: str, seed: int) -> dict[str, Forest]:
+    rng = np.random.default_rng(seed)
+    if kind == "dag":
+        return {"dag": Forest.random_dag(40, rng=rng, max_children=4, max_parents=3)}
+    lines = [line for line in sst_path("dev").read_text(encoding="utf-8").splitlines() if line.strip()]
+    binary = _shuffled(Forest.random(6, rng=rng, binary=True, max_nodes=15), rng)
+    return {
+        "shuffled": binary,
+        "single": Forest.from_parents([-1]),
+        "sst": Forest.from_ptb(lines[10:22]),
+        "concat": Forest.concat([Forest.from_parents([-1]), binary, Forest.from_parents([2, 2, -1])]),
+    }
+
+
+EDGE_CASES = [("dag", "dag"), *(("positions", s) for s in ("shuffled", "single", "sst", "concat"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("kind", "shape"), EDGE_CASES)
+def test_down_cells_read_the_edge_to_their_parent(edge_modules, device, kind, shape):
+    """Positions, sibling counts and edge inputs of the edge to each parent, and matrices chosen by them."""
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    name = "TopDown" if kind == "positions" else "DagEdges"
+    model = _model(edge_modules[kind], name, device, seed)
+    forest = _edge_forests(kind, seed)[shape]
+    rng = np.random.default_rng(seed)
+    inputs = {"x": rng.standard_normal((forest.num_nodes, 4)).astype(np.float32)}
+    if kind == "positions":
+        inputs["w"] = rng.standard_normal((forest.num_edges, 2)).astype(np.float32)
+    else:
+        inputs["rel"] = rng.integers(0, 3, forest.num_edges).astype(np.int32)
+        inputs["w"] = rng.standard_normal((forest.num_edges, 1)).astype(np.float32)
+    params = {k: torch.tensor(np.asarray(v, np.float64), requires_grad=True) for k, v in model.params.items()}
+    floats = {k: torch.tensor(np.asarray(inputs[k], np.float64), requires_grad=True) for k in ("x", "w")}
+    if kind == "positions":
+        expected = _positions_reference(forest, params, floats["x"], floats["w"])
+    else:
+        expected = _dag_edges_reference(forest, params, floats["x"], inputs["rel"], floats["w"])
+    out = model(forest, grad=True, **inputs)
+    what = f"{device} {shape} seed {seed}"
+    for key, value in expected.items():
+        assert relative_error(out[key], value.detach().numpy()) < 1e-5, f"{what}: {key}"
+    upstream = {key: rng.standard_normal(value.shape) for key, value in expected.items()}
+    sum((value * torch.tensor(upstream[key])).sum() for key, value in expected.items()).backward()
+    grads = model.backward(out, {k: v.astype(np.float32) for k, v in upstream.items()})
+    assert set(grads) == set(params) | set(floats)  # nothing of the runtime's own edge inputs
+    for key, leaf in {**params, **floats}.items():
+        want = np.zeros(leaf.shape) if leaf.grad is None else leaf.grad.numpy()
+        assert relative_error(grads[key], want) < 1e-5, f"{what}: d{key}"
+
+
+def test_the_runtimes_edge_inputs_are_not_the_callers(edge_modules):
+    model = edge_modules["positions"].TopDown(device="cpu")
+    assert {i.name for i in model.signature.inputs if i.given_by} == {"_edge_position", "_edge_siblings"}
+    forest = Forest.from_parents([2, 2, -1])
+    inputs = {"x": np.zeros((3, 4), np.float32), "w": np.zeros((2, 2), np.float32)}
+    with pytest.raises(CortexcError, match="has no input '_edge_position'"):
+        model(forest, **inputs, _edge_position=np.zeros((2, 1), np.float32))
+    with pytest.raises(CellTypeError, match="an input cannot be named '_edge_siblings'"):
+        lower_source(
+            _cell("tree down", "node { h = x }").replace("input x[H]", "input x[H], _edge_siblings[1]"), "e.cell"
+        )

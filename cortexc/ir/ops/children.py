@@ -27,6 +27,7 @@ from cortexc.ir.ops.base import (
     no_gradient,
     width,
 )
+from cortexc.runtime.signature import GIVEN_INPUTS
 
 if TYPE_CHECKING:
     from cortexc.ir.cell import Value
@@ -168,8 +169,10 @@ def _edge_input_type(ctx: TypeContext, value: Value, args: Sequence[Value]) -> t
 
 
 def _d_edge_input(d: Derivatives, g: int, y: int, args: Sequence[int], value: Value) -> Iterator[int | None]:
-    """The gradient of a float edge input is a result per child edge (an index one is never differentiated)."""
-    d.gradient("d_edge_input", g, value.name)
+    """The gradient of a float edge input is a result per child edge (an index one is never differentiated, nor
+    the positions and sibling counts the runtime gives a down cell)."""
+    if value.name not in GIVEN_INPUTS.values():
+        d.gradient("d_edge_input", g, value.name)
     yield from ()
 
 

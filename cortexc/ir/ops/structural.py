@@ -309,9 +309,11 @@ def _d_reshape(d: Derivatives, g: int, y: int, args: Sequence[int], value: Value
     yield d.op(Op.RESHAPE, g, shape=d.value(args[0]).shape)
 
 
-def _is_row_index(index: Value) -> bool:
-    """What chooses a row of a family's products: an index value, or a child's place among its siblings."""
-    return index.dtype == DType.I32 or (index.op == Op.EDGE and index.attr("name") == "position")
+def _is_row_index(value: Value, index: Value) -> bool:
+    """What chooses a row of a family's products: an index value, or (``by=position``) a child's place among
+    its siblings, a `[1]` float (`edge.position`, or in a down cell the runtime's edge input of it)."""
+    by_position = dict(value.attrs).get("by") == "position"
+    return index.dtype == DType.I32 if not by_position else index.dtype == DType.F32 and index.shape == (1,)
 
 
 def _rows_chosen(env: NodeEnv, index: np.ndarray, index_value: Value) -> np.ndarray:
@@ -322,7 +324,7 @@ def _rows_chosen(env: NodeEnv, index: np.ndarray, index_value: Value) -> np.ndar
 
 def _select_type(ctx: TypeContext, value: Value, args: Sequence[Value]) -> tuple[Shape, Domain]:
     expect(len(args[0].shape) == 2, "a selection takes a row of a matrix")
-    expect(_is_row_index(args[1]), "a row is chosen by an index value or edge.position")
+    expect(_is_row_index(value, args[1]), "a row is chosen by an index value or edge.position")
     return (args[0].shape[1],), _widest(args)
 
 
@@ -335,7 +337,8 @@ def _select(env: NodeEnv, value: Value, xs: list[np.ndarray], arg_values: Sequen
 def _d_select(d: Derivatives, g: int, y: int, args: Sequence[int], value: Value) -> Iterator[int | None]:
     """The gradient goes to the chosen row alone (`unselect`)."""
     rows = d.value(args[0]).shape[0]
-    yield d.op(Op.UNSELECT, g, args[1], shape=(rows, d.value(g).shape[0]), attrs=(("rows", rows),))
+    attrs = (("rows", rows), *value.attrs)
+    yield d.op(Op.UNSELECT, g, args[1], shape=(rows, d.value(g).shape[0]), attrs=attrs)
     yield None
 
 
@@ -345,7 +348,7 @@ def _c_select(e: Emitter, value: Value) -> str:
 
 
 def _unselect_type(ctx: TypeContext, value: Value, args: Sequence[Value]) -> tuple[Shape, Domain]:
-    expect(len(args[0].shape) == 1 and _is_row_index(args[1]), "unselect puts a row back by its index")
+    expect(len(args[0].shape) == 1 and _is_row_index(value, args[1]), "unselect puts a row back by its index")
     return (value.attr("rows"), args[0].shape[0]), _widest(args)
 
 
@@ -356,7 +359,8 @@ def _unselect(env: NodeEnv, value: Value, xs: list[np.ndarray], arg_values: Sequ
 
 
 def _d_unselect(d: Derivatives, g: int, y: int, args: Sequence[int], value: Value) -> Iterator[int | None]:
-    yield d.op(Op.SELECT, g, args[1], shape=d.value(args[0]).shape)
+    attrs = tuple((k, v) for k, v in value.attrs if k != "rows")
+    yield d.op(Op.SELECT, g, args[1], shape=d.value(args[0]).shape, attrs=attrs)
     yield None
 
 
