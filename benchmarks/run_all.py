@@ -28,6 +28,12 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 RESULTS = HERE / "results"
+#: the README's line for the SST table, a separate run (`examples/sst_table.py`), not made by this script
+SST_TABLE_LINE = (
+    "- `sst_table.{json,md,png}`, `sst_table/`: `examples/sst_table.py` — the SST paper's Table 1 models (and the "
+    "Tree-LSTMs) trained with cortexc, test accuracy beside the papers', with the small params and the vocab to "
+    "recompute those rows (a separate run, not made by `run_all.py`: see `sst_table.md` for its command and host)."
+)
 
 
 def _runs(quick: bool, threads: int) -> list[tuple[str, str, list[str]]]:
@@ -180,6 +186,8 @@ def write_readme(mode: str, seconds: float, header: str = "") -> None:
     ):
         if (RESULTS / f"{name}.txt").exists():
             lines.append(f"- `{name}.txt`: {what} (made by `--full` only: see the file for its date and host).")
+    if (RESULTS / "sst_table.md").exists():
+        lines.append(SST_TABLE_LINE)
     lines += [
         "",
         "Run again with `python benchmarks/run_all.py --quick` (a few minutes) or `--full`; numbers on a shared "
