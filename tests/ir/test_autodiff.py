@@ -219,6 +219,7 @@ EXAMPLE_CASES = {
     "treelstm_dropout.cell": ({"V": 6, "X": 4, "H": 3, "C": 5}, "binary"),  # evaluation mode
     "sst_treelstm.cell": ({"V": 6, "X": 4, "H": 3, "C": 5}, "binary"),  # evaluation mode
     "rntn.cell": ({"V": 6, "H": 3, "C": 5}, "binary"),
+    "tbcnn.cell": ({"X": 4, "H": 3}, "tree"),
 }
 
 

@@ -226,6 +226,7 @@ EXAMPLE_DIMS = {
     "treelstm_dropout": dict(V=64, X=16, H=12),  # evaluation mode here (training: tests/language/test_dropout.py)
     "sst_treelstm": dict(V=64, X=16, H=12),  # evaluation mode (training: tests/api/test_torch.py)
     "rntn": dict(V=64, H=8),
+    "tbcnn": dict(X=16, H=12),
 }
 
 
