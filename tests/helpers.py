@@ -177,3 +177,49 @@ cell WordChildSum on tree {{
     }}
 }}
 """
+
+
+def shuffled_ids(forest, rng: np.random.Generator):
+    """The same forest with its node ids permuted, so that ids are in no topological order."""
+    from cortexc import Forest
+
+    order = rng.permutation(forest.num_nodes)
+    parents = np.full(forest.num_nodes, -1)
+    parents[order] = np.where(forest.parents >= 0, order[np.maximum(forest.parents, 0)], -1)
+    return Forest.from_parents(parents)
+
+
+def assert_packages_compile_with_nvcc_without_spills(modules) -> None:
+    """Every loaded package's `.cu` builds for sm_90 as a user's build would, with no register spills."""
+    import re
+
+    for module in modules:
+        (source,) = Path(next(iter(module.__path__))).glob("*.cu")
+        result = nvcc_compile(source, device_only=True, generated=True)
+        assert result.returncode == 0, result.stderr[-3000:]
+        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", result.stderr)
+        assert spills and all(stores == loads == "0" for stores, loads in spills), result.stderr[-2000:]
+
+
+def digests_at_thread_counts(worker: str, cell_text: str, tmp_path: Path, threads=("1", "2")) -> list[str]:
+    """Run `worker` (a script taking the `.cell` path and a package folder, printing a JSON digest last) in a
+    fresh process per OMP_NUM_THREADS (libgomp reads it once), sharing one build cache; their digests."""
+    import json
+    import sys
+
+    cell_file = tmp_path / "cell.cell"
+    cell_file.write_text(cell_text, encoding="utf-8")
+    digests = []
+    for count in threads:
+        env = dict(os.environ, OMP_NUM_THREADS=count, CORTEXC_CACHE=str(tmp_path / "cache"))
+        done = subprocess.run(
+            [sys.executable, "-c", worker, str(cell_file), str(tmp_path / "pkg")],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        digests.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return digests

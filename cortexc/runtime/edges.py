@@ -30,7 +30,7 @@ def given_by_runtime(signature: CellSignature, forest: Forest) -> dict[str, np.n
     """The edge inputs the runtime gives (`[E, 1]` float32, in the forest's edge order): each edge's child's
     place among its parent's children (``position``) and that parent's number of children (``siblings``)."""
     given = {}
-    parents = np.repeat(np.arange(forest.num_nodes, dtype=np.int64), forest.num_children)
+    parents = forest.edge_parent
     for decl in signature.inputs:
         if decl.given_by == "position":
             values = np.arange(forest.num_edges, dtype=np.int64) - np.asarray(forest.edge_ptr)[parents]

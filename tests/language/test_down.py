@@ -7,13 +7,7 @@ bitwise; nvcc."""
 
 from __future__ import annotations
 
-import json
-import os
-import re
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,7 +17,13 @@ from cortexc import Forest
 from cortexc.errors import CellSyntaxError, CellTypeError, CortexcError
 from cortexc.frontend import lower_source
 from cortexc.runtime.topdown import linearize_down, reversed_forest
-from tests.helpers import REPO, nvcc_compile, relative_error, sst_path
+from tests.helpers import (
+    assert_packages_compile_with_nvcc_without_spills,
+    digests_at_thread_counts,
+    relative_error,
+    shuffled_ids,
+    sst_path,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -74,13 +74,6 @@ def modules(tmp_path_factory):
     return built
 
 
-def _shuffled(forest: Forest, rng: np.random.Generator) -> Forest:
-    order = rng.permutation(forest.num_nodes)  # ids in no topological order
-    parents = np.full(forest.num_nodes, -1)
-    parents[order] = np.where(forest.parents >= 0, order[np.maximum(forest.parents, 0)], -1)
-    return Forest.from_parents(parents)
-
-
 def _forests(kind: str, seed: int) -> dict[str, Forest]:
     rng = np.random.default_rng(seed)
     if kind == "dag":
@@ -89,7 +82,7 @@ def _forests(kind: str, seed: int) -> dict[str, Forest]:
             "concat": Forest.concat([Forest.random_dag(12, rng=rng), Forest.from_parents([-1])]),
         }
     return {
-        "shuffled": _shuffled(Forest.random(6, rng=rng, max_children=4, max_nodes=15), rng),
+        "shuffled": shuffled_ids(Forest.random(6, rng=rng, max_children=4, max_nodes=15), rng),
         "chain": Forest.from_parents([1, 2, 3, -1]),
         "single": Forest.from_parents([-1]),
         "concat": Forest.concat([Forest.from_parents([-1]), Forest.random(4, rng=rng, max_nodes=9)]),
@@ -306,21 +299,7 @@ print(json.dumps(h.hexdigest()))
 
 @pytest.mark.slow
 def test_one_and_two_threads_give_the_same_bits(tmp_path):
-    cell_file = tmp_path / "down.cell"
-    cell_file.write_text(DOWN_LSTM, encoding="utf-8")
-    digests = []
-    for threads in ("1", "2"):
-        env = dict(os.environ, OMP_NUM_THREADS=threads, CORTEXC_CACHE=str(tmp_path / "cache"))
-        done = subprocess.run(
-            [sys.executable, "-c", WORKER, str(cell_file), str(tmp_path / "pkg")],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=REPO,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        digests.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    digests = digests_at_thread_counts(WORKER, DOWN_LSTM, tmp_path)
     assert digests[0] == digests[1]
 
 
@@ -328,12 +307,7 @@ def test_one_and_two_threads_give_the_same_bits(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_down_cells_compile_with_nvcc_without_spills(modules):
-    for module in modules.values():
-        (source,) = Path(next(iter(module.__path__))).glob("*.cu")
-        result = nvcc_compile(source, device_only=True, generated=True)
-        assert result.returncode == 0, result.stderr[-3000:]
-        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", result.stderr)
-        assert spills and all(stores == loads == "0" for stores, loads in spills), result.stderr[-2000:]
+    assert_packages_compile_with_nvcc_without_spills(modules.values())
 
 
 # --------------------------------------------------------------------------- the edge to the parent
@@ -430,7 +404,7 @@ def _edge_forests(kind: str, seed: int) -> dict[str, Forest]:
     if kind == "dag":
         return {"dag": Forest.random_dag(40, rng=rng, max_children=4, max_parents=3)}
     lines = [line for line in sst_path("dev").read_text(encoding="utf-8").splitlines() if line.strip()]
-    binary = _shuffled(Forest.random(6, rng=rng, binary=True, max_nodes=15), rng)
+    binary = shuffled_ids(Forest.random(6, rng=rng, binary=True, max_nodes=15), rng)
     return {
         "shuffled": binary,
         "single": Forest.from_parents([-1]),

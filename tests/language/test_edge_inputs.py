@@ -7,13 +7,7 @@ threads bitwise; nvcc."""
 
 from __future__ import annotations
 
-import json
-import os
-import re
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,7 +16,12 @@ import cortexc
 from cortexc import Forest
 from cortexc.errors import CellTypeError, CortexcError, InputError
 from cortexc.frontend import lower_source
-from tests.helpers import REPO, nvcc_compile, relative_error
+from tests.helpers import (
+    assert_packages_compile_with_nvcc_without_spills,
+    digests_at_thread_counts,
+    relative_error,
+    shuffled_ids,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -80,11 +79,8 @@ def _forests(kind: str, seed: int) -> dict[str, Forest]:
             "concat": Forest.concat([Forest.random_dag(12, rng=rng), Forest.from_parents([-1])]),
         }
     tree = Forest.random(6, rng=rng, max_children=4, max_nodes=15)
-    order = rng.permutation(tree.num_nodes)  # ids in no topological order
-    parents = np.full(tree.num_nodes, -1)
-    parents[order] = np.where(tree.parents >= 0, order[np.maximum(tree.parents, 0)], -1)
     return {
-        "shuffled": Forest.from_parents(parents),
+        "shuffled": shuffled_ids(tree, rng),
         "chain": Forest.from_parents([1, 2, 3, -1]),
         "single": Forest.from_parents([-1]),
         "concat": Forest.concat([Forest.from_parents([-1]), tree, Forest.from_parents([2, 2, -1])]),
@@ -273,21 +269,7 @@ print(json.dumps(h.hexdigest()))
 
 @pytest.mark.slow
 def test_one_and_two_threads_give_the_same_bits(tmp_path):
-    cell_file = tmp_path / "typed.cell"
-    cell_file.write_text(TYPED_DAG, encoding="utf-8")
-    digests = []
-    for threads in ("1", "2"):
-        env = dict(os.environ, OMP_NUM_THREADS=threads, CORTEXC_CACHE=str(tmp_path / "cache"))
-        done = subprocess.run(
-            [sys.executable, "-c", WORKER, str(cell_file), str(tmp_path / "pkg")],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=REPO,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        digests.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    digests = digests_at_thread_counts(WORKER, TYPED_DAG, tmp_path)
     assert digests[0] == digests[1]
 
 
@@ -295,9 +277,4 @@ def test_one_and_two_threads_give_the_same_bits(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_edge_input_cells_compile_with_nvcc_without_spills(modules):
-    for module in modules.values():
-        (source,) = Path(next(iter(module.__path__))).glob("*.cu")
-        result = nvcc_compile(source, device_only=True, generated=True)
-        assert result.returncode == 0, result.stderr[-3000:]
-        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", result.stderr)
-        assert spills and all(stores == loads == "0" for stores, loads in spills), result.stderr[-2000:]
+    assert_packages_compile_with_nvcc_without_spills(modules.values())

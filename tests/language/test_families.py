@@ -6,9 +6,7 @@ CUDA against per-node float64 PyTorch written here (random trees with shuffled i
 
 from __future__ import annotations
 
-import re
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +15,13 @@ import cortexc
 from cortexc import Forest
 from cortexc.errors import CellTypeError, InputError
 from cortexc.frontend import lower_source
-from tests.helpers import EXAMPLES, nvcc_compile, relative_error, sst_path
+from tests.helpers import (
+    EXAMPLES,
+    assert_packages_compile_with_nvcc_without_spills,
+    relative_error,
+    shuffled_ids,
+    sst_path,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -55,11 +59,8 @@ def modules(tmp_path_factory):
 def _forests(seed: int) -> dict[str, Forest]:
     rng = np.random.default_rng(seed)
     shuffled = Forest.random(6, rng=rng, binary=True, max_nodes=15)
-    order = rng.permutation(shuffled.num_nodes)  # ids not in any topological order
-    parents = np.full(shuffled.num_nodes, -1)
-    parents[order] = np.where(shuffled.parents >= 0, order[np.maximum(shuffled.parents, 0)], -1)
     return {
-        "shuffled": Forest.from_parents(parents),
+        "shuffled": shuffled_ids(shuffled, rng),
         "single": Forest.from_parents([-1]),
         "concat": Forest.concat([Forest.from_parents([-1]), Forest.random(3, rng=rng, binary=True, max_nodes=9)]),
     }
@@ -264,12 +265,7 @@ def test_saturated_families_agree_with_the_interpreter(modules, device):
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_the_family_cells_compile_with_nvcc_without_spills(modules):
-    for module in modules.values():
-        (source,) = Path(next(iter(module.__path__))).glob("*.cu")
-        result = nvcc_compile(source, device_only=True, generated=True)
-        assert result.returncode == 0, result.stderr[-3000:]
-        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", result.stderr)
-        assert spills and all(stores == loads == "0" for stores, loads in spills), result.stderr[-2000:]
+    assert_packages_compile_with_nvcc_without_spills(modules.values())
 
 
 # --------------------------------------------------------------------------- a matrix per child
