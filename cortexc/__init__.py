@@ -57,6 +57,10 @@ def load(path: Any, out_dir: Any = None, **dims: int) -> Any:
     """
     from cortexc.pipeline import load_file
 
+    spelt: Any = dims.get("defines")
+    if isinstance(spelt, dict):  # the CLI's -D spelt as a keyword: say how to write it
+        shown = ", ".join(f"{k}={v!r}" for k, v in spelt.items())
+        raise DimError(f"dims are keywords of cortexc.load: write cortexc.load(path, {shown}), not defines={{...}}")
     return load_file(path, out_dir, dims)
 
 

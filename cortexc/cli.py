@@ -48,6 +48,8 @@ def parse_defines(items: list[str]) -> dict[str, int]:
 def summarize(cell: Cell) -> str:
     """A human summary of a checked cell: structure, dims, params with counts, inputs, states, outputs."""
     arity = f"(arity = {cell.arity})" if cell.arity is not None else ""
+    arity += f"(steps = {cell.steps})" if cell.steps is not None else ""
+    arity += " down" if cell.down else ""
     lines = [f"cell {cell.name} on {cell.structure.value}{arity}"]
     lines.append("  dims     " + ", ".join(f"{n} = {v}" for n, v in cell.dims) if cell.dims else "  dims     -")
     inputs = [
@@ -68,8 +70,11 @@ def summarize(cell: Cell) -> str:
         lines.append(f"           {'total':<{width}}  {total:>12,}")
     lines.append("  states   " + ", ".join(f"{s.name}{fmt_shape(s.shape)}" for s in cell.states))
     blocks = "leaf, node" if cell.leaf is not None else "node (leaves run it with no children)"
+    if cell.steps is not None:
+        blocks = f"init (step 0), node (steps 1..{cell.steps})"
     lines.append(f"  blocks   {blocks}")
-    outputs = [f"{o.name}{fmt_shape(o.shape)}{' at root' if o.at_root else ''}" for o in cell.outputs]
+    where = " after the last step" if cell.steps is not None else " at root"
+    outputs = [f"{o.name}{fmt_shape(o.shape)}{where if o.at_root else ''}" for o in cell.outputs]
     lines.append("  outputs  " + (", ".join(outputs) or "-"))
     return "\n".join(lines)
 
@@ -142,9 +147,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     compiled = getattr(module, cell.name)(device="cpu", seed=args.seed)
     out = compiled(forest, **inputs)  # builds (or loads from the cache) the kernels
     compiled_s = min(_timed(compiled, forest, inputs) for _ in range(args.repeats))
+    steps = cell.structure.steps
+    levels = f"{steps} steps of every node" if steps else f"{forest.num_levels} levels"
     print(
         f"{cell.name} on {where}: {forest.num_trees} trees, {forest.num_nodes} nodes, "
-        f"{forest.num_levels} levels (forest built in {forest_s * 1e3:.1f} ms)"
+        f"{levels} (forest built in {forest_s * 1e3:.1f} ms)"
     )
     print(f"  compiled (cpu): {compiled_s * 1e3:9.2f} ms  {forest.num_trees / compiled_s:12,.0f} trees/s")
     if not args.eager:
@@ -153,7 +160,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     ir = getattr(module, cell.name).cell  # what device="interp" runs, compiled from the package's source
     started = time.perf_counter()
-    with progress_bar(forest.num_nodes, "interpreter", "nodes") as bar:  # once: timed and compared (it is slow)
+    visits = forest.num_nodes * (1 + steps)  # a graph cell visits every node at every step
+    with progress_bar(visits, "interpreter", "nodes") as bar:  # once: timed and compared (it is slow)
         ref = reference.run(ir, forest, compiled.params, inputs, progress=bar.update)
     eager_s = time.perf_counter() - started
     print(f"  eager (interp): {eager_s * 1e3:9.2f} ms  {forest.num_trees / eager_s:12,.0f} trees/s")

@@ -156,6 +156,8 @@ def export(
     stem = package_name(cell_file)
     cells = [item.cell for item in rendered]
     for cell in cells:
+        if cell.steps is not None:  # the exported C linearizes acyclic forests only so far
+            raise CortexcError(f"cell {cell.name} is a graph cell: cortexc export does not take them yet")
         if cell.down:  # the exported C linearizes bottom up only so far
             raise CortexcError(f"cell {cell.name} is a down cell: cortexc export does not take them yet")
         on_edge = [i.name for i in cell.inputs if i.on_edge]

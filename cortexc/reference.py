@@ -21,6 +21,7 @@ from cortexc.ir import interp
 from cortexc.ir.cell import Body, Cell, GradKind
 from cortexc.runtime.edges import from_kernel_order, to_kernel_order
 from cortexc.runtime.forest import Forest
+from cortexc.runtime.graph import last_step, upstream_to_steps
 from cortexc.runtime.linearize import Linearized
 from cortexc.runtime.params import check_params
 from cortexc.runtime.philox import EVAL, Dropout
@@ -41,6 +42,11 @@ def _children(lin: Linearized, position: int) -> np.ndarray:
 def _edges(lin: Linearized, position: int) -> np.ndarray:
     """The rows of the edges to those children in the edge inputs' arrays (the kernels' child-edge order)."""
     return np.arange(lin.edge_ptr[position], lin.edge_ptr[position + 1], dtype=np.int64)
+
+
+def _prev(lin: Linearized, index: int) -> int:
+    """A graph cell's node after step 0: its row one step earlier (`runtime.graph`); -1 elsewhere."""
+    return index - lin.step_nodes if lin.step_nodes and index >= lin.step_nodes else -1
 
 
 def _hoisted(cell: Cell, node: interp.NodeView) -> dict[str, np.ndarray]:
@@ -74,8 +80,10 @@ def run_linearized(
             progress(PROGRESS_EVERY)
         index = int(lin.level_order[position])
         children = _children(lin, position)
-        body = cell.leaf if cell.leaf is not None and len(children) == 0 else cell.node
-        node = interp.NodeView(index, children, states, inputs, params, dtype, dropout, _edges(lin, position))
+        body = cell.leaf if cell.leaf is not None and position < lin.num_leaves else cell.node
+        node = interp.NodeView(
+            index, children, states, inputs, params, dtype, dropout, _edges(lin, position), _prev(lin, index)
+        )
         if body is cell.node:
             node.hoisted = _hoisted(cell, node)
         values = interp.eval_body(body, node)
@@ -150,6 +158,8 @@ def backward_linearized(
                 d_states[target.name][node.index] += value
             elif target.kind == GradKind.CHILD:
                 np.add.at(d_states[target.name], node.children, value)
+            elif target.kind == GradKind.PREV:
+                d_states[target.name][node.prev] += value
             elif target.kind == GradKind.CHILD_AT and target.k is not None:
                 if target.k < len(node.children):
                     d_states[target.name][node.children[target.k]] += value
@@ -169,9 +179,11 @@ def backward_linearized(
     for position in reversed(range(n)):
         index = int(lin.level_order[position])
         children = _children(lin, position)
-        leaf = len(children) == 0
+        leaf = position < lin.num_leaves  # level 0 (a graph cell's step 0 too, whatever its edges)
         body, grad_body = (leaf_body, grad_bodies.leaf) if leaf else (cell.node, grad_bodies.node)
-        node = interp.NodeView(index, children, states, inputs, params, dtype, dropout, _edges(lin, position))
+        node = interp.NodeView(
+            index, children, states, inputs, params, dtype, dropout, _edges(lin, position), _prev(lin, index)
+        )
         if not leaf:
             node.hoisted = _hoisted(cell, node)
         node.adjoints = {name: d_states[name][index] for name, _ in body.named_results}
@@ -202,7 +214,8 @@ def run(
     checked = to_kernel_order(cell.signature(), forest, check_inputs(cell, forest, inputs, dtype))
     checked_params = check_params(cell, params, dtype=dtype)
     lin = linearize_for(cell.signature(), forest)
-    return run_linearized(cell, lin, checked_params, checked, dtype, progress=progress, dropout=dropout)
+    out = run_linearized(cell, lin, checked_params, checked, dtype, progress=progress, dropout=dropout)
+    return last_step(cell.signature(), out, forest.num_nodes) if cell.steps is not None else out
 
 
 def backward(
@@ -221,12 +234,18 @@ def backward(
     states (what the forward with ``grad=True`` keeps); `upstream` maps states
     and outputs to their incoming gradients (`[N, ...]`, or `[num_roots, ...]`
     for outputs at the roots). Index inputs get none; an embedding table gets
-    the sum of the gradients of the rows that were looked up.
+    the sum of the gradients of the rows that were looked up. A graph cell's
+    `states` are those after its last step: the steps before are computed again.
     """
     check_forest(cell, forest)
     checked = to_kernel_order(cell.signature(), forest, check_inputs(cell, forest, inputs, dtype))
     lin = linearize_for(cell.signature(), forest)
     params = check_params(cell, params, dtype=dtype)
+    if cell.steps is not None:
+        states = {
+            s.name: run_linearized(cell, lin, params, checked, dtype, dropout=dropout)[s.name] for s in cell.states
+        }
+        upstream = upstream_to_steps(cell.signature(), upstream, lin)
     grads = backward_linearized(cell, lin, params, checked, states, upstream, dtype, dropout)
     return from_kernel_order(cell.signature(), forest, grads)
 

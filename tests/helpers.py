@@ -27,14 +27,30 @@ def sst_path(split: str) -> Path:
 
 
 def random_inputs(cell, forest, rng: np.random.Generator, scale: float = 1.0) -> dict[str, np.ndarray]:
-    """One random row per node for every input of the cell (indices in range)."""
+    """One random row per node (per edge for an edge input) for every input of the cell (indices in range);
+    none for the inputs the runtime gives."""
     inputs = {}
     for decl in cell.inputs:
+        rows = forest.num_edges if decl.on_edge else forest.num_nodes
+        if decl.given_by:
+            continue
         if decl.is_index:
-            inputs[decl.name] = rng.integers(0, decl.index_range, forest.num_nodes).astype(np.int32)
+            inputs[decl.name] = rng.integers(0, decl.index_range, rows).astype(np.int32)
         else:
-            inputs[decl.name] = (scale * rng.standard_normal((forest.num_nodes, *decl.shape))).astype(np.float32)
+            inputs[decl.name] = (scale * rng.standard_normal((rows, *decl.shape))).astype(np.float32)
     return inputs
+
+
+def random_graph(num_nodes: int, num_edges: int, rng: np.random.Generator):
+    """A graph (`Forest.from_edges`, at least 4 nodes) with a cycle through nodes 0..N-3, a self-loop (0), a
+    repeated edge (1 -> 2 twice), `num_edges` random edges, a node no edge reaches (N-2: it only sends) and
+    an isolated node (N-1)."""
+    from cortexc import Forest
+
+    ring = np.arange(num_nodes - 2)
+    src = np.concatenate([ring, rng.integers(0, num_nodes - 1, num_edges), [0, 1, 1]])
+    dst = np.concatenate([np.roll(ring, -1), rng.integers(0, num_nodes - 2, num_edges), [0, 2, 2]])
+    return Forest.from_edges(src, dst, num_nodes=num_nodes)
 
 
 def digest(arrays) -> str:

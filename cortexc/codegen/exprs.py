@@ -149,6 +149,8 @@ class _Element:
             at = f"(pre_base + {self.row})"
         elif row == "edge":  # rows of an edge input are in the kernels' child-edge order (`edge_order`)
             at = f"(e0 + {self.row})"
+        elif row == "prev":  # a graph cell's unrolled steps: the node one step earlier (`runtime.graph`)
+            at = f"(nd[{self.row}] - call->step_nodes)"
         else:  # kid<k>: child k of this node
             at = f"{row}[{self.row}]"
         return f"{_ARRAYS[array](name)}[{at} * {width} + {self.col}]"

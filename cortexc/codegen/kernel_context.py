@@ -77,7 +77,7 @@ def _symbols(cell: Cell, program: Program, kernel: Kernel, target: Target, acc_o
     used_params = {v.name for v in values if v.op == Op.PARAM}
     used_inputs = {v.name for v in values if v.op in (Op.INPUT, Op.EDGE_INPUT)}
     used_inputs |= {s.index_input for s in stores if s.target == StoreTarget.D_EMBED}
-    used_states = {v.name for v in values if v.op in (Op.STATE, Op.CHILD_STATE, Op.CHILD_STATE_AT)}
+    used_states = {v.name for v in values if v.op in (Op.STATE, Op.CHILD_STATE, Op.CHILD_STATE_AT, Op.PREV_STATE)}
     used_states |= {s.name for s in stores if s.target == StoreTarget.STATE}
     used_hoisted = {v.name for v in values if v.op == Op.HOISTED}
     used_hoisted |= {s.name for s in stores if s.target == StoreTarget.PRE}
@@ -226,7 +226,7 @@ def _fold_context(program: Program, kernel: Kernel, step: Gemm) -> dict[str, Any
 
 
 #: the stores that write a state's gradient (the kernel declares those arrays)
-_STATE_GRADIENT_TARGETS = (StoreTarget.D_STATE, StoreTarget.D_CHILD, StoreTarget.D_CHILD_AT)
+_STATE_GRADIENT_TARGETS = (StoreTarget.D_STATE, StoreTarget.D_CHILD, StoreTarget.D_CHILD_AT, StoreTarget.D_PREV)
 
 
 def _store_destination(exprs: KernelExprs, step: Store) -> str:
@@ -245,6 +245,7 @@ def _store_destination(exprs: KernelExprs, step: Store) -> str:
         StoreTarget.D_STATE: (gradient_symbol("state", step.name), "nd[i]"),
         StoreTarget.D_CHILD: (gradient_symbol("state", step.name), "ch[i]"),
         StoreTarget.D_CHILD_AT: (gradient_symbol("state", step.name), f"kid{step.k}[i]"),
+        StoreTarget.D_PREV: (gradient_symbol("state", step.name), "(nd[i] - call->step_nodes)"),
         StoreTarget.D_HOISTED: (gradient_symbol("pre", step.name), "(pre_base + i)"),
         StoreTarget.D_INPUT: (gradient_symbol("input", step.name), "nd[i]"),
         StoreTarget.D_EDGE_INPUT: (gradient_symbol("input", step.name), "(e0 + i)"),

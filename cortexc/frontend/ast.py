@@ -115,7 +115,15 @@ class ParentAll:
     loc: SourceLoc
 
 
-Expr = Number | Name | Binary | Neg | Call | Slice | Index | ChildAll | ChildAt | EdgeAll | EdgeAt | ParentAll
+@dataclass(frozen=True)
+class PrevAll:
+    """``prev.s`` (a graph cell's node block): the node's own state s one step earlier."""
+
+    state: str
+    loc: SourceLoc
+
+
+Expr = Number | Name | Binary | Neg | Call | Slice | Index | ChildAll | ChildAt | EdgeAll | EdgeAt | ParentAll | PrevAll
 
 
 @dataclass(frozen=True)
@@ -171,7 +179,7 @@ class Assign:
 
 @dataclass(frozen=True)
 class Block:
-    kind: str  # "leaf", "node" or "root" (a down cell's)
+    kind: str  # "leaf", "node", "root" (a down cell's) or "init" (a graph cell's)
     stmts: tuple[Assign, ...]
     loc: SourceLoc
 
@@ -196,6 +204,7 @@ class CellDef:
     items: tuple[Item, ...]  # in source order (the checker enforces the order rules)
     loc: SourceLoc
     down: bool = False  # `cell NAME on tree down`: roots first, reading `parent`
+    steps: Expr | None = None  # `cell NAME on graph(steps = T)`: T, a constant of numbers and dims
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ class DeclaredCell:
     node: ast.Block | None
     outputs: tuple[tuple[ast.OutputDecl, Shape], ...]
     down: bool = False  # a `down` cell: roots first, reading `parent`
+    steps: int | None = None  # a graph cell's T; its `leaf` is the init block
 
     @property
     def dim_map(self) -> dict[str, int]:
@@ -182,6 +183,19 @@ def _check_cell(cell_def: ast.CellDef, defines: Mapping[str, int], sink: ErrorSi
                     "a leaf block in a down cell: a down cell computes roots first; nodes without a parent use root",
                     item.loc,
                 )
+            elif item.kind == "init" and cell_def.structure != "graph":
+                sink.report(
+                    f"an init block in a {cell_def.structure} cell: only a graph cell ('cell {cell_def.name} on "
+                    "graph(steps = T)') has one, for step 0; "
+                    + ("roots use root" if cell_def.down else "nodes without children use leaf"),
+                    item.loc,
+                )
+            elif item.kind in ("leaf", "root") and cell_def.structure == "graph":
+                sink.report(
+                    f"a {item.kind} block in a graph cell: every node runs the init block at step 0, then the node "
+                    "block at steps 1..T; write init { ... }",
+                    item.loc,
+                )
             else:
                 blocks[item.kind] = item
         elif isinstance(item, ast.OutputDecl):
@@ -190,6 +204,17 @@ def _check_cell(cell_def: ast.CellDef, defines: Mapping[str, int], sink: ErrorSi
             sink.report(f"declaration of '{item.name}' after a block: declarations come before the blocks", item.loc)
     if "node" not in blocks:
         sink.report(f"cell '{cell_def.name}' has no node block (it is required)", cell_def.loc)
+    graph = cell_def.structure == "graph"
+    if graph and "init" not in blocks:
+        sink.report(
+            f"graph cell '{cell_def.name}' has no init block (it is required: init {{ ... }} gives every state its "
+            "step-0 value)",
+            cell_def.loc,
+        )
+    if graph and cell_def.down:
+        sink.report(
+            "a graph cell cannot be down: its node block reads its in-neighbours (child) each step", cell_def.loc
+        )
 
     # dims first: shapes anywhere may use any dim
     dims: dict[str, int] = {}
@@ -278,6 +303,21 @@ def _check_cell(cell_def: ast.CellDef, defines: Mapping[str, int], sink: ErrorSi
             shape = shape_of(item.shape, f"output {item.name}", item.loc)
             if shape is not None:
                 outputs.append((item, shape))
+    steps = None
+    if cell_def.steps is not None:
+        others = {i.name: "an input" for i in inputs} | {p.name: "a param" for p in params}
+        others |= {s.name: "a state" for s in states}
+        steps = const_int(cell_def.steps, dims, sink, "the number of steps", others)
+        if steps is not None and steps < 1:
+            sink.report(f"a graph cell runs at least 1 step, not {steps}", expr_loc(cell_def.steps))
+            steps = None
+        for item, _ in outputs:
+            if item.at_root:
+                sink.report(
+                    f"output {item.name} is 'at root' in a graph cell: a graph has no roots; its outputs are per "
+                    "node, from the states after the last step (drop 'at root')",
+                    item.loc,
+                )
     if cell_def.down:  # what a node's edge to its parent holds: given by the runtime (`runtime.edges`)
         inputs += [ir.InputDecl(name, (1,), None, True, given_by) for given_by, name in GIVEN_INPUTS.items()]
     if not any(isinstance(item, ast.StateDecl) for item in cell_def.items):
@@ -291,10 +331,11 @@ def _check_cell(cell_def: ast.CellDef, defines: Mapping[str, int], sink: ErrorSi
         params=tuple(params),
         inputs=tuple(inputs),
         states=tuple(states),
-        leaf=blocks.get("root" if cell_def.down else "leaf"),
+        leaf=blocks.get("root" if cell_def.down else "init" if graph else "leaf"),
         node=blocks.get("node"),
         outputs=tuple(outputs),
         down=cell_def.down,
+        steps=steps,
     )
 
 

@@ -76,7 +76,9 @@ def lower_cell(decl: DeclaredCell, sink: ErrorSink, source_file: str = "") -> ir
     for out_decl, shape in decl.outputs:
         body = _lower_output(decl, out_decl, shape, sink, sites)
         if body is not None:
-            outputs.append(ir.Output(out_decl.name, shape, out_decl.at_root, body))
+            # a graph cell's outputs are per node after the last step: the unrolled steps' roots (`runtime.graph`)
+            at_root = out_decl.at_root or decl.steps is not None
+            outputs.append(ir.Output(out_decl.name, shape, at_root, body))
     if len(sink.errors) > before or node is None:
         return None
     return ir.Cell(
@@ -92,13 +94,14 @@ def lower_cell(decl: DeclaredCell, sink: ErrorSink, source_file: str = "") -> ir
         outputs=tuple(outputs),
         source=source_file,
         down=decl.down,
+        steps=decl.steps,
     )
 
 
 @dataclass
 class _Scope:
     decl: DeclaredCell
-    kind: str  # "leaf", "root", "node" or "output"
+    kind: str  # "leaf", "root", "init", "node" or "output"
     builder: BodyBuilder
     sink: ErrorSink
     locals: dict[str, int | None]  # None marks a name whose value had an error
@@ -135,7 +138,8 @@ def _lower_block(
         index, _ = scope.assigned_states[state.name]
         if index is not None:
             results.append((state.name, index))
-    kind = BodyKind.LEAF if block.kind in ("leaf", "root") else BodyKind.NODE  # a root block reads no parent
+    # a root block reads no parent, an init block (step 0) no other node
+    kind = BodyKind.LEAF if block.kind in ("leaf", "root", "init") else BodyKind.NODE
     return scope.builder.finish(kind, results)
 
 
@@ -242,6 +246,8 @@ def _text(expr: ast.Expr) -> str:
         return f"edge[{_text(expr.k)}].{expr.name}"
     if isinstance(expr, ast.ParentAll):
         return f"parent.{expr.state}"
+    if isinstance(expr, ast.PrevAll):
+        return f"prev.{expr.state}"
     return f"child[{_text(expr.k)}].{expr.state}"
 
 
@@ -619,6 +625,13 @@ def _dropout(scope: _Scope, expr: ast.Call) -> int | None:
             f"the dropout probability p must be in [0, 1), but {_text(expr.args[1])} is {p:g}", expr_loc(expr.args[1])
         )
         return None
+    if scope.decl.steps is not None and scope.kind == "node":
+        sink.report(
+            "dropout in a graph cell's node block: its mask would repeat at every step; use it in the init block "
+            "or in an output",
+            expr.loc,
+        )
+        return None
     v = _value(scope, arg)
     site = scope.sites[(expr.loc.line, expr.loc.col)]
     domain = max(v.domain, Domain.NODE)
@@ -661,6 +674,11 @@ def _children_visible(scope: _Scope, what: str, loc: SourceLoc) -> bool:
         return False
     if scope.kind == "leaf":
         scope.sink.report(f"{what} in a leaf block: leaves have no children", loc)
+        return False
+    if scope.kind == "init":
+        scope.sink.report(
+            f"{what} in the init block: step 0 reads no other node (the node block reads the in-neighbours)", loc
+        )
         return False
     if scope.kind == "output":
         scope.sink.report(f"{what} in an output: outputs are computed from the node alone, without children", loc)
@@ -856,6 +874,32 @@ def _parent_all(scope: _Scope, expr: ast.ParentAll) -> int | None:
     return scope.builder.add(Op.CHILD_STATE_AT, (), state.shape, Domain.NODE, attrs, loc=expr.loc)
 
 
+def _prev_all(scope: _Scope, expr: ast.PrevAll) -> int | None:
+    """`prev.s` in a graph cell's node block: the node's own state one step earlier (the unrolled steps keep
+    every step's states: node n of step t reads row n - step_nodes, `runtime.graph`)."""
+    text = f"prev.{expr.state}"
+    if scope.decl.steps is None:
+        scope.sink.report(
+            f"{text} outside a graph cell: only a graph cell ('cell {scope.decl.syntax.name} on graph(steps = T)') "
+            "runs in steps; a tree or dag cell reads its children (child.NAME)",
+            expr.loc,
+        )
+        return None
+    if scope.kind != "node":
+        where = "the init block: step 0 has no step before it" if scope.kind == "init" else "an output"
+        scope.sink.report(f"{text} in {where}; prev is read in the node block", expr.loc)
+        return None
+    state = None
+    for s in scope.decl.states:
+        if s.name == expr.state:
+            state = s
+    if state is None:
+        names = [s.name for s in scope.decl.states]
+        scope.sink.report(f"there is no state '{expr.state}'" + did_you_mean(expr.state, names), expr.loc)
+        return None
+    return scope.builder.add(Op.PREV_STATE, (), state.shape, Domain.NODE, (("name", state.name),), loc=expr.loc)
+
+
 def _position_k(scope: _Scope, k_expr: ast.Expr, text: str, every: str, what: str, loc: SourceLoc) -> int | None:
     """The constant k of `child[k].s` / `edge[k].NAME`, within the cell's arity (else a located error; `every`
     is the form for every child, `what` names k in messages)."""
@@ -979,6 +1023,7 @@ _HANDLERS: dict[type[ast.Expr], Callable[[_Scope, Any], int | None]] = {
     ast.EdgeAll: _edge_all,
     ast.EdgeAt: _edge_at,
     ast.ParentAll: _parent_all,
+    ast.PrevAll: _prev_all,
 }
 
 

@@ -150,7 +150,7 @@ def _describe_terminal(name: str) -> str:
 
 
 #: the terminals of the words Version 3 made keywords (a file that used one as a name must rename it)
-_VERSION_3_KEYWORDS = frozenset({"EDGE", "DOWN", "PARENT"})
+_VERSION_3_KEYWORDS = frozenset({"EDGE", "DOWN", "PARENT", "GRAPH", "PREV"})
 
 
 def _slip(source: str, token: Token) -> str:
@@ -161,7 +161,8 @@ def _slip(source: str, token: Token) -> str:
         return "there is no power operator '**': write x * x for a square (exp(p * log(x)) for x > 0 otherwise)"
     if token.type in _VERSION_3_KEYWORDS:
         return (
-            f"'{token}' is a keyword from Version 3 of the language on (edge.position, parent.h, cell ... down):"
+            f"'{token}' is a keyword from Version 3 of the language on (edge.position, parent.h, prev.h, cell ... down,"
+            " on graph(steps = T)):"
             " a name cannot be spelt so; rename it"
         )
     return ""
@@ -196,20 +197,25 @@ class _ToAst(Transformer):
         return list(cells)
 
     def cell(self, name, structure, down, *items):
-        kind, arity = structure
+        kind, arity, steps = structure
         body: list = []
         for item in items:  # a declaration line gives a list of items
             if isinstance(item, list):
                 body.extend(item)
             elif item is not None:
                 body.append(item)
-        return ast.CellDef(str(name), kind, arity, tuple(body), self._at(name), down is not None)
+        return ast.CellDef(str(name), kind, arity, tuple(body), self._at(name), down is not None, steps)
 
     def tree(self, keyword, arity=None):
-        return ("tree", arity)
+        return ("tree", arity, None)
 
     def dag(self, keyword, arity=None):
-        return ("dag", arity)
+        return ("dag", arity, None)
+
+    def graph(self, keyword, name, steps):
+        if str(name) != "steps":
+            raise CellSyntaxError(f"a graph cell is written 'on graph(steps = T)', not '{name} = ...'", self._at(name))
+        return ("graph", None, steps)
 
     def arity(self, number):
         return self._number(number)
@@ -271,6 +277,9 @@ class _ToAst(Transformer):
 
     def root_block(self, keyword, *stmts):
         return ast.Block("root", tuple(s for s in stmts if s is not None), self._at(keyword))
+
+    def init_block(self, keyword, *stmts):
+        return ast.Block("init", tuple(s for s in stmts if s is not None), self._at(keyword))
 
     def assign(self, *parts):
         eq_index = next(i for i, p in enumerate(parts) if isinstance(p, Token) and p.type == "EQ")
@@ -349,6 +358,9 @@ class _ToAst(Transformer):
 
     def parent_all(self, keyword, state):
         return ast.ParentAll(str(state), self._at(keyword))
+
+    def prev_all(self, keyword, state):
+        return ast.PrevAll(str(state), self._at(keyword))
 
 
 def _loc_of(expr) -> SourceLoc:

@@ -52,6 +52,7 @@ class GradKind(enum.Enum):
     EMBED = "d_embed"  # the looked-up row of a table (`index` names the index input that chose it)
     CHILD = "d_child"  # a state of every child (one row per child)
     CHILD_AT = "d_child_at"  # a state of child `k`
+    PREV = "d_prev"  # a graph cell: the node's own state one step earlier
     HOISTED = "d_hoisted"  # this node's row of a result of the `pre` body
     STATE = "d_state"  # the node's own state (from a read-out)
 
@@ -134,11 +135,17 @@ class Structure(enum.Enum):
 
     TREE = "tree"
     DAG = "dag"
+    GRAPH = "graph"
 
     @property
     def shares_children(self) -> bool:
         """A child may have several parents, possibly in one level (its gradients are added atomically)."""
-        return self is Structure.DAG
+        return self is not Structure.TREE
+
+    @property
+    def has_steps(self) -> bool:
+        """Cycles allowed: the node body runs `steps` times over every node (`prev` reads the step before)."""
+        return self is Structure.GRAPH
 
 
 class InitKind(enum.Enum):
@@ -223,6 +230,7 @@ class Cell:
     grads: Gradients | None = None
     source: str = ""  # the .cell file it came from, for messages
     down: bool = False  # roots first: the bodies read a node's parents as its children (`runtime.topdown`)
+    steps: int | None = None  # a graph cell's T: its leaf body (`init`) is step 0, its node body steps 1..T
 
     @property
     def read_arity(self) -> int | None:

@@ -28,6 +28,7 @@ class NodeView:
     __slots__ = (
         "index",
         "children",
+        "prev",
         "edges",
         "states",
         "inputs",
@@ -39,9 +40,12 @@ class NodeView:
         "dropout",
     )
 
-    def __init__(self, index, children, states, inputs, params, dtype, dropout: Dropout = EVAL, edges=None):
+    def __init__(
+        self, index, children, states, inputs, params, dtype, dropout: Dropout = EVAL, edges=None, prev: int = -1
+    ):
         self.index = index
         self.children = children
+        self.prev = prev  # a graph cell's node after step 0: its row one step earlier
         self.edges = edges  # the rows of the edges to the children in the edge inputs' (linearized) order
         self.states = states
         self.inputs = inputs

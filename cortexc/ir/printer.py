@@ -40,6 +40,7 @@ def format_body(title: str, body: Body, indent: str = "  ") -> list[str]:
 
 def format_cell(cell: Cell) -> str:
     arity = f"(arity = {cell.arity})" if cell.arity is not None else ""
+    arity += f"(steps = {cell.steps})" if cell.steps is not None else ""
     arity += " down" if cell.down else ""
     lines = [f"cell {cell.name} on {cell.structure.value}{arity} {{"]
     lines += [f"  dim {name} = {value}" for name, value in cell.dims]

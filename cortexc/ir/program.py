@@ -157,6 +157,7 @@ class StoreTarget(enum.Enum):
     D_STATE = "d_state"  # gradient kernels: this node's state gradient
     D_CHILD = "d_child"  # one row per child edge
     D_CHILD_AT = "d_child_at"  # child k's row
+    D_PREV = "d_prev"  # a graph cell: the node's row one step earlier
     D_HOISTED = "d_hoisted"
     D_INPUT = "d_input"  # this node's input row
     D_EDGE_INPUT = "d_edge_input"  # an edge input's row, one per child edge

@@ -18,7 +18,9 @@ def cell_signature(cell: Cell) -> CellSignature:
     """Declarations only: dims, params with their inits, inputs, states, outputs and the structure."""
     return CellSignature(
         name=cell.name,
-        structure=StructureSig(cell.structure.value, cell.structure.shares_children, cell.arity, cell.down),
+        structure=StructureSig(
+            cell.structure.value, cell.structure.shares_children, cell.arity, cell.down, cell.steps or 0
+        ),
         dims=cell.dims,
         params=tuple(ParamSig(p.name, p.shape, InitSig(p.init.kind.value, tuple(p.init.args))) for p in cell.params),
         inputs=cell.inputs,

@@ -75,7 +75,7 @@ def _grad_result_shape(cell: Cell, target: GradTarget) -> tuple[tuple[int, ...],
         return (math.prod(cell.param(name).shape[1:]),), by_edge
     if kind == GradKind.CHILD:
         return cell.state(name).shape, {Domain.CHILD}
-    if kind == GradKind.CHILD_AT:
+    if kind in (GradKind.CHILD_AT, GradKind.PREV):
         return cell.state(name).shape, per_node
     if kind == GradKind.STATE:
         return cell.state(name).shape, per_node
@@ -118,7 +118,7 @@ def _verify_body(cell: Cell, body: Body, kind: BodyKind, where: str, role: BodyK
             _expect(body.values[index].domain == Domain.NODE, f"pre result {name} is not per-node")
         for value in body.values:
             _expect(
-                value.op not in (Op.CHILD_STATE, Op.CHILD_STATE_AT, Op.STATE, Op.HOISTED),
+                value.op not in (Op.CHILD_STATE, Op.CHILD_STATE_AT, Op.PREV_STATE, Op.STATE, Op.HOISTED),
                 f"the pre body reads {value.op.value}",
             )
     if kind in (BodyKind.LEAF, BodyKind.NODE):
@@ -146,6 +146,7 @@ class _Context:
         self.output_body = role == BodyKind.OUTPUT
         self.gradient = body.kind == BodyKind.GRAD
         self.arity = cell.read_arity
+        self.steps = cell.steps is not None
 
     def param_shape(self, name: str) -> Shape:
         return self.cell.param(name).shape

@@ -257,6 +257,8 @@ _GRADIENT_STORES = {
     GradKind.STATE: (StoreTarget.D_STATE, StoreMode.ADD, RowKind.NODE),
     GradKind.CHILD: (StoreTarget.D_CHILD, StoreMode.ADD, RowKind.CHILD),
     GradKind.CHILD_AT: (StoreTarget.D_CHILD_AT, StoreMode.ADD, RowKind.NODE),
+    # a node one step earlier is also read by its out-neighbours (their child gradients, added atomically)
+    GradKind.PREV: (StoreTarget.D_PREV, StoreMode.ATOMIC_ADD, RowKind.NODE),
     GradKind.HOISTED: (StoreTarget.D_HOISTED, StoreMode.SET, RowKind.NODE),
     GradKind.INPUT: (StoreTarget.D_INPUT, StoreMode.ADD, RowKind.NODE),
     GradKind.EDGE_INPUT: (StoreTarget.D_EDGE_INPUT, StoreMode.ADD, RowKind.CHILD),  # each edge one row

@@ -237,6 +237,12 @@ class Forest:
     Scalars: ``num_nodes``, ``num_trees`` (number of roots), ``num_levels``,
     ``max_children``, ``is_tree`` (no node has more than one parent).
 
+    A graph with cycles or self-loops (``Forest.from_edges``, ``from_networkx``, ``concat`` of such graphs) is
+    a forest too, for graph cells: ``cycle`` is then the message naming a node on a cycle (None for trees and
+    DAGs), it has no levels (``level`` -1, ``num_levels`` 0), and a tree or dag cell refuses it when called.
+    The other constructors (children arrays, parent arrays, PTB, nested tuples) describe trees and DAGs and
+    refuse a cycle at once, as ever.
+
     Edges (Version 3 of the language): ``num_edges``, ``edge_ptr``, ``edge_child``, ``edge_parent``: edge e
     joins ``edge_parent[e]`` to its child ``edge_child[e]``, numbered by parent, then in children order.
 
@@ -263,6 +269,7 @@ class Forest:
     num_levels: int
     max_children: int
     is_tree: bool
+    cycle: str | None
 
     def __init__(
         self,
@@ -299,19 +306,23 @@ class Forest:
         words: Sequence[Any] | None,
         names: Sequence[Hashable] | None,
         level: np.ndarray | None,
+        graph: bool = False,
     ) -> None:
         """Derive every array from a valid-range children CSR; checks self-loops and cycles.
 
         ``names`` (the caller's node names, e.g. networkx nodes) only make error
         messages readable. ``level`` may be passed when already known (concat).
+        A self-loop or a cycle is an error, unless ``graph`` (the graph readers: `from_edges`,
+        `from_networkx`, `concat` of such forests): then ``cycle`` names it for the cells that refuse it.
         """
         num_nodes = child_ptr.size - 1
         num_children = np.diff(child_ptr)
         owner = np.repeat(np.arange(num_nodes, dtype=np.int64), num_children)
+        cycle: str | None = None
         self_loops = np.flatnonzero(owner == child_idx)
         if self_loops.size:
             node = int(owner[self_loops[0]])
-            raise ForestError(f"{node_name(node, names)} reads itself (it is its own child)")
+            cycle = f"{node_name(node, names)} reads itself (it is its own child)"
 
         # Edges are listed by owner, so a stable sort by child keeps each
         # child's parents in increasing order.
@@ -323,16 +334,24 @@ class Forest:
         has_parent = num_parents > 0
         parents[has_parent] = parent_idx[parent_ptr[:-1][has_parent]]
 
-        if level is None and (num_nodes == 0 or num_parents.max() <= 1):
+        if level is None and cycle is None and (num_nodes == 0 or num_parents.max() <= 1):
             level = _tree_levels(parents)
         if level is None:
             level = _dag_levels(child_ptr, child_idx, num_children, parent_ptr, parent_idx)
             unfinished = np.flatnonzero(level < 0)
-            if unfinished.size:
-                raise ForestError(_cycle_message(int(unfinished[0]), level, child_ptr, child_idx, names))
-        num_levels = int(level.max()) + 1 if num_nodes else 0
-        level_order = np.argsort(level, kind="stable").astype(np.int64)
-        level_ptr = counts_to_ptr(np.bincount(level, minlength=num_levels).astype(np.int64))
+            if unfinished.size and cycle is None:
+                cycle = _cycle_message(int(unfinished[0]), level, child_ptr, child_idx, names)
+        if cycle is None:
+            num_levels = int(level.max()) + 1 if num_nodes else 0
+            level_order = np.argsort(level, kind="stable").astype(np.int64)
+            level_ptr = counts_to_ptr(np.bincount(level, minlength=num_levels).astype(np.int64))
+        elif not graph:
+            raise ForestError(cycle)
+        else:  # a graph: no levels (only a graph cell runs on it, on its own unrolled levels: `runtime.graph`)
+            level = np.full(num_nodes, -1, dtype=np.int32)
+            num_levels = 0
+            level_order = np.arange(num_nodes, dtype=np.int64)
+            level_ptr = np.zeros(1, dtype=np.int64)
 
         set_ = object.__setattr__
         set_(self, "child_ptr", _readonly(child_ptr))
@@ -352,7 +371,8 @@ class Forest:
         set_(self, "num_trees", int(self.roots.size))
         set_(self, "num_levels", num_levels)
         set_(self, "max_children", int(num_children.max()) if num_nodes else 0)
-        set_(self, "is_tree", bool(num_nodes == 0 or num_parents.max() <= 1))
+        set_(self, "is_tree", bool(cycle is None and (num_nodes == 0 or num_parents.max() <= 1)))
+        set_(self, "cycle", cycle)
         set_(self, "derived", {})
 
     def __getstate__(self) -> dict[str, Any]:
@@ -369,7 +389,7 @@ class Forest:
         raise AttributeError(f"Forest is immutable; cannot set {name!r}")
 
     def __repr__(self) -> str:
-        kind = "" if self.is_tree else ", dag"
+        kind = "" if self.is_tree else ", dag" if self.cycle is None else ", graph with cycles"
         return f"Forest(num_trees={self.num_trees}, num_nodes={self.num_nodes}, num_levels={self.num_levels}{kind})"
 
     # ------------------------------------------------------------------ edges (Version 3)
@@ -425,6 +445,8 @@ class Forest:
         weights for that many children only.
         """
         cell = f"cell {cell_name}" if cell_name else "the cell"
+        if self.cycle is not None:
+            raise ForestError(f"{self.cycle}, but {cell} runs on a {'dag' if is_dag else 'tree'}; use a graph cell")
         if not is_dag and not self.is_tree:
             node = int(np.flatnonzero(self.num_parents > 1)[0])
             readers = ", ".join(str(int(p)) for p in self.parents_of(node))
@@ -449,14 +471,15 @@ class Forest:
         *,
         names: Sequence[Hashable] | None = None,
         level: np.ndarray | None = None,
+        graph: bool = False,
     ) -> Forest:
         """Build from int64 children CSR arrays (owned, not copied) whose values are already in range.
 
         The path of the runtime's own readers, which have checked the ranges
-        themselves; ``_setup`` still checks self-loops and cycles.
+        themselves; ``_setup`` still checks self-loops and cycles (kept, named, with ``graph``).
         """
         forest = cls.__new__(cls)
-        forest._setup(child_ptr, child_idx, labels, words, names, level)
+        forest._setup(child_ptr, child_idx, labels, words, names, level, graph)
         return forest
 
     @classmethod
@@ -505,7 +528,7 @@ class Forest:
         label_attr: str | None = None,
         word_attr: str | None = None,
     ) -> Forest:
-        """A forest (trees or a DAG) from a ``networkx.DiGraph``.
+        """A forest (trees, a DAG, or a graph with cycles and self-loops) from a ``networkx.DiGraph``.
 
         An edge ``u -> v`` means v reads u (u is a child of v). Nodes are
         numbered in ``graph.nodes`` order; the children of v are in the order of
@@ -516,6 +539,17 @@ class Forest:
         from cortexc.runtime.forest_readers import from_networkx
 
         return from_networkx(graph, label_attr=label_attr, word_attr=word_attr)
+
+    @classmethod
+    def from_edges(cls, src: Any, dst: Any, num_nodes: int | None = None) -> Forest:
+        """A graph from its edges: edge ``src[i] -> dst[i]`` means ``dst[i]`` reads ``src[i]``.
+
+        A node's children are its in-neighbours in the order their edges appear; cycles, self-loops and
+        repeated edges are allowed (a repeated edge is read twice). ``num_nodes`` defaults to one more than
+        the largest id; nodes without edges are allowed. Vectorised (a stable sort of the edges)."""
+        from cortexc.runtime.forest_readers import from_edges
+
+        return from_edges(src, dst, num_nodes)
 
     @classmethod
     def from_nested(cls, tree: Any) -> Forest:
@@ -551,14 +585,16 @@ class Forest:
         child_idx = np.concatenate(
             [np.zeros(0, dtype=np.int64)] + [f.child_idx + node_offsets[k] for k, f in enumerate(parts)]
         )
-        level = np.concatenate([np.zeros(0, dtype=np.int32)] + [f.level for f in parts])
+        level = None  # a graph's parts have no levels: derived again, with its cycle named
+        if all(f.cycle is None for f in parts):
+            level = np.concatenate([np.zeros(0, dtype=np.int32)] + [f.level for f in parts])
         labels = None
         if all(f.labels is not None for f in parts):
             labels = np.concatenate([np.zeros(0, dtype=np.int32)] + [f.labels for f in parts])
         words = None
         if all(f.words is not None for f in parts):
             words = [word for f in parts for word in f.words or ()]
-        return cls._from_csr(child_ptr, child_idx, labels, words, level=level)
+        return cls._from_csr(child_ptr, child_idx, labels, words, level=level, graph=level is None)
 
     # --------------------------------------------------------------- PTB
 

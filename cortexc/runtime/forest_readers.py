@@ -1,4 +1,4 @@
-"""Forests from Python objects: a networkx DiGraph (trees or a DAG) and one nested tuple/list tree.
+"""Forests from Python objects: edge lists (graphs), a networkx DiGraph and one nested tuple/list tree.
 
 These walk the caller's objects, so they cost Python work per node; the
 resulting children CSR goes to the same checks as every other constructor.
@@ -15,7 +15,7 @@ from cortexc.errors import ForestError
 from cortexc.runtime.csr import counts_to_ptr
 from cortexc.runtime.forest import Forest, node_name
 
-__all__ = ["from_nested", "from_networkx"]
+__all__ = ["from_edges", "from_nested", "from_networkx"]
 
 
 def from_networkx(graph: Any, *, label_attr: str | None = None, word_attr: str | None = None) -> Forest:
@@ -31,8 +31,6 @@ def from_networkx(graph: Any, *, label_attr: str | None = None, word_attr: str |
     pred = graph.pred
     for i, name in enumerate(names):
         kids = pred[name]
-        if name in kids:
-            raise ForestError(f"{node_name(i, names)} reads itself (self-loop)")
         counts[i] = len(kids)
         child_list.extend(index[kid] for kid in kids)
     labels = None
@@ -47,7 +45,50 @@ def from_networkx(graph: Any, *, label_attr: str | None = None, word_attr: str |
     words = None
     if word_attr is not None:
         words = [graph.nodes[name].get(word_attr) for name in names]
-    return Forest._from_csr(counts_to_ptr(counts), np.asarray(child_list, dtype=np.int64), labels, words, names=names)
+    child_idx = np.asarray(child_list, dtype=np.int64)
+    return Forest._from_csr(counts_to_ptr(counts), child_idx, labels, words, names=names, graph=True)
+
+
+def from_edges(src: Any, dst: Any, num_nodes: Any = None) -> Forest:
+    """A graph from edge lists (``src[i] -> dst[i]``: dst reads src); see ``Forest.from_edges``."""
+    sources = _edge_ids(src, "src")
+    targets = _edge_ids(dst, "dst")
+    if sources.shape != targets.shape:
+        raise ForestError(f"src and dst must have one id per edge alike, got {sources.size} and {targets.size}")
+    largest = int(max(sources.max(), targets.max())) if sources.size else -1
+    if num_nodes is None:
+        count = largest + 1
+    else:
+        if isinstance(num_nodes, bool) or not isinstance(num_nodes, int | np.integer) or num_nodes < 0:
+            raise ForestError(f"num_nodes must be a non-negative integer, got {num_nodes!r}")
+        count = int(num_nodes)
+        if largest >= count:
+            edge = int(np.flatnonzero((sources >= count) | (targets >= count))[0])
+            raise ForestError(
+                f"edge {edge} ({int(sources[edge])} -> {int(targets[edge])}) names a node outside 0..{count - 1} "
+                f"(num_nodes={count})"
+            )
+    by_reader = np.argsort(targets, kind="stable")  # each node's in-edges together, in the order given
+    ptr = counts_to_ptr(np.bincount(targets, minlength=count).astype(np.int64))
+    return Forest._from_csr(ptr, np.ascontiguousarray(sources[by_reader], dtype=np.int64), graph=True)
+
+
+def _edge_ids(values: Any, what: str) -> np.ndarray:
+    """A 1-D array of non-negative node ids, else a `ForestError` naming the first bad edge."""
+    try:
+        array = np.asarray(values)
+    except (TypeError, ValueError) as err:
+        raise ForestError(f"{what} cannot be read as an array of node ids ({err})") from None
+    if array.ndim != 1:
+        raise ForestError(f"{what} must be a 1-D array of node ids, got shape {array.shape}")
+    if array.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if not np.issubdtype(array.dtype, np.integer):
+        raise ForestError(f"{what} must hold integer node ids, got dtype {array.dtype}")
+    if array.min() < 0:
+        edge = int(np.flatnonzero(array < 0)[0])
+        raise ForestError(f"{what}[{edge}] is {int(array[edge])}: node ids are 0 or more")
+    return array.astype(np.int64)
 
 
 def from_nested(tree: Any) -> Forest:

@@ -17,6 +17,7 @@ from functools import cached_property
 
 import numpy as np
 
+from cortexc.errors import ForestError
 from cortexc.runtime.csr import counts_to_ptr, gather_segments
 from cortexc.runtime.forest import Forest
 
@@ -31,6 +32,7 @@ class Linearized:
     edge_ptr: np.ndarray  # int64 [N + 1], by level-order position
     edge_child: np.ndarray  # int64 [E]
     roots: np.ndarray  # int64 [num_roots]
+    step_nodes: int = 0  # a graph cell's unrolled steps: the nodes of one step (`prev` of node n is n - step_nodes)
 
     @property
     def num_leaves(self) -> int:
@@ -56,6 +58,8 @@ def linearize(forest: Forest) -> Linearized:
     Threads that race on a new forest each compute an equal value and one of them is kept: no lock needed."""
     cached = forest.derived.get("linearized")
     if cached is None:
+        if forest.cycle is not None:
+            raise ForestError(f"{forest.cycle}: a forest with cycles has no levels (only graph cells run on it)")
         cached = _linearize(forest)
         cached.addresses  # noqa: B018  # read once here, not per call
         forest.derived["linearized"] = cached

@@ -29,6 +29,7 @@ from cortexc.runtime.backends import BACKENDS, ExecutorRequest, backend, compile
 from cortexc.runtime.edges import from_kernel_order, to_kernel_order
 from cortexc.runtime.executor import Executor
 from cortexc.runtime.forest import Forest
+from cortexc.runtime.graph import last_step, upstream_to_steps
 from cortexc.runtime.package import FORMAT_VERSION, CellSpec, FormatError, PackageSpec
 from cortexc.runtime.params import check_params, init_params, take_over, write_params_file
 from cortexc.runtime.philox import EVAL, SEED_LIMIT, Dropout, checked_seed
@@ -178,6 +179,9 @@ class CellModel:
         executor = self._executor_for_device()
         lin = linearize_for(self.signature, forest)
         out, kept = executor.forward(lin, checked, keep=grad, host=host, dropout=dropout)
+        if self.signature.structure.steps:  # a graph cell: the states after the last step
+            out = last_step(self.signature, dict(out), forest.num_nodes)
+            kept = (lin, kept)
         result = Outputs(out)
         result.dropout_seed = dropout.seed if dropout.train else None
         if grad:
@@ -227,10 +231,15 @@ class CellModel:
             checked[name] = np.ascontiguousarray(array, dtype=np.float32)
         shapes = {p.name: p.shape for p in self.signature.params}
         executor = self._executor_for_device()
+        steps = self.signature.structure.steps
+        if steps:  # a graph cell: its states' upstream is of the last step's rows
+            lin, kept = kept
+            checked = upstream_to_steps(self.signature, checked, lin)
         looked_up = {}
         if sparse:
             for embedding in self.signature.embeddings:
-                rows = np.unique(inputs[embedding.index][lookup_nodes(forest, embedding.rows)])
+                nodes = lookup_nodes(forest, ("all",) if steps else embedding.rows)  # a graph: any node, any step
+                rows = np.unique(inputs[embedding.index][nodes])
                 looked_up[embedding.param] = rows.astype(np.int64)
         if looked_up and getattr(executor, "sparse_backward", False):  # only the rows computed (cpu)
             values = executor.backward(kept, checked, shapes, sparse_rows=looked_up)  # type: ignore[call-arg]

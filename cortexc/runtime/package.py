@@ -22,7 +22,8 @@ from cortexc.runtime.abi import LaunchOptions
 from cortexc.runtime.signature import CellSignature
 
 #: the format this runtime reads and the compiler writes; a package of another is compiled again
-FORMAT_VERSION = 10  # 7: inputs on edges; 8: cells that run down; 9: edge.position families; 10: given_by
+FORMAT_VERSION = 11  # 7: inputs on edges; 8: cells that run down; 9: edge.position families; 10: given_by;
+# 11: graph cells (structure steps)
 
 
 def _ints(values: Any) -> tuple[int, ...]:

@@ -21,10 +21,11 @@ Shape = tuple[int, ...]
 class StructureSig:
     """The kind of structure a cell runs on and the properties the runtime checks a forest against."""
 
-    kind: str  # "tree" or "dag": the name written in the `.cell` file
+    kind: str  # "tree", "dag" or "graph": the name written in the `.cell` file
     shares_children: bool  # a node may have several parents (a DAG)
     arity: int | None  # exact number of child slots (`tree(arity = 2)`), None for any
     down: bool = False  # a `down` cell: run on the reversed forest (`runtime.topdown`), roots first
+    steps: int = 0  # a graph cell's T (`on graph(steps = T)`): run on its T + 1 unrolled steps (`runtime.graph`)
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,7 @@ class CellSignature:
                 "shares_children": self.structure.shares_children,
                 "arity": self.structure.arity,
                 "down": self.structure.down,
+                "steps": self.structure.steps,
             },
             "dims": dict(self.dims),
             "params": [
@@ -159,6 +161,7 @@ class CellSignature:
                     bool(structure["shares_children"]),
                     _opt_int(structure["arity"]),
                     bool(structure["down"]),
+                    int(structure["steps"]),
                 ),
                 dims=tuple((str(k), int(v)) for k, v in data["dims"].items()),
                 params=tuple(

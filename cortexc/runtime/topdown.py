@@ -17,6 +17,7 @@ import numpy as np
 
 from cortexc.runtime.csr import counts_to_ptr, gather_segments
 from cortexc.runtime.forest import Forest
+from cortexc.runtime.graph import linearize_steps
 from cortexc.runtime.linearize import Linearized, linearize
 from cortexc.runtime.signature import CellSignature
 
@@ -63,5 +64,8 @@ def linearize_down(forest: Forest) -> Linearized:
 
 
 def linearize_for(signature: CellSignature, forest: Forest) -> Linearized:
-    """What a cell runs on: the forest's linearization, or for a `down` cell its reversed one."""
+    """What a cell runs on: the forest's linearization, for a `down` cell its reversed one, for a graph cell
+    its unrolled steps (`runtime.graph`)."""
+    if signature.structure.steps:
+        return linearize_steps(forest, signature.structure.steps)
     return linearize_down(forest) if signature.structure.down else linearize(forest)

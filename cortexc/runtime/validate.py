@@ -58,6 +58,8 @@ def check_forest(cell: AnyCell, forest: Forest) -> None:
     sig = signature(cell)
     if not isinstance(forest, Forest):
         raise InputError(f"expected a cortexc.Forest, got {type(forest).__name__}")
+    if sig.structure.steps:  # a graph cell runs on any graph: cycles, self-loops, repeated edges
+        return
     forest.check_structure(is_dag=sig.structure.shares_children, arity=sig.arity, cell_name=sig.name)
     for family, count in sig.positions:  # W[edge.position] chooses among `count` matrices
         if forest.num_nodes and int(forest.max_children) > count:
@@ -68,7 +70,7 @@ def check_forest(cell: AnyCell, forest: Forest) -> None:
             )
 
 
-def _edge_text(forest: Forest, edge: int) -> str:
+def edge_text(forest: Forest, edge: int) -> str:
     """An edge as messages name it: its number and its two nodes."""
     parent = int(np.searchsorted(forest.edge_ptr, edge, side="right")) - 1
     return f"edge {edge} (node {int(forest.edge_child[edge])} -> node {parent})"
@@ -103,7 +105,7 @@ def check_inputs(
             if n and (int(array.min()) < 0 or int(array.max()) >= limit):
                 bad = np.flatnonzero((array < 0) | (array >= decl.index_range))
                 first = int(bad[0])
-                where = f"node {first}" if not decl.on_edge else _edge_text(forest, first)
+                where = f"node {first}" if not decl.on_edge else edge_text(forest, first)
                 raise InputError(
                     f"input {name}: {where} has index {int(array[first])}, outside "
                     f"[0, {decl.index_range}) ({bad.size} {rows}s out of range)"

@@ -18,6 +18,7 @@ from torch.utils import _pytree as pytree
 
 from cortexc.errors import InputError
 from cortexc.runtime.forest import Forest
+from cortexc.runtime.graph import linearize_steps
 from cortexc.runtime.linearize import linearize
 
 #: the tensor fields, in the order the ops take them (and the pytree's leaves)
@@ -43,10 +44,14 @@ class ForestBatch:
     forest: Forest | None = field(default=None, repr=False)
 
     @classmethod
-    def from_forest(cls, forest: Forest) -> ForestBatch:
+    def from_forest(cls, forest: Forest, steps: int = 0) -> ForestBatch:
+        """The batch a cell runs on; for a graph cell of T steps (``steps=T``) its T + 1 unrolled steps
+        (`runtime.graph`: ``num_nodes`` is then (T + 1) times the graph's)."""
         if not isinstance(forest, Forest):
             raise InputError(f"ForestBatch.from_forest expects a cortexc.Forest, got {type(forest).__name__}")
-        lin = linearize(forest)
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise InputError(f"steps must be a non-negative int (a graph cell's T), got {steps!r}")
+        lin = linearize_steps(forest, steps) if steps else linearize(forest)
         order = torch.tensor(lin.level_order)  # copies: the forest's arrays are read-only
         batch = cls(
             level_order=order,

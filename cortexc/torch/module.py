@@ -16,11 +16,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from cortexc.errors import CortexcError, InputError
+from cortexc.errors import CortexcError, ForestError, InputError
 from cortexc.runtime.forest import Forest
 from cortexc.runtime.model import CellModel, cell_class
 from cortexc.runtime.signature import CellSignature, EmbeddingSig
-from cortexc.runtime.validate import check_forest, checked_flag
+from cortexc.runtime.validate import check_forest, checked_flag, edge_text
 from cortexc.torch import ddp
 from cortexc.torch.batch import ForestBatch
 from cortexc.torch.keys import cell_key
@@ -59,12 +59,6 @@ class CellModule(nn.Module):
             raise CortexcError(
                 f"cell {cls.signature.name} is a down cell: cortexc.torch does not take them yet; "
                 "use the NumPy API (cortexc.load)"
-            )
-        on_edge = [i.name for i in cls.signature.inputs if i.on_edge]
-        if on_edge:  # ForestBatch carries no edge order yet
-            raise CortexcError(
-                f"cell {cls.signature.name} has edge inputs ({', '.join(on_edge)}): cortexc.torch does not take "
-                "them yet; use the NumPy API (cortexc.load)"
             )
         self._cell_ref = (str(cls._package), cls.signature.name)
         self.sparse = checked_flag(sparse, "sparse")
@@ -156,8 +150,9 @@ class CellModule(nn.Module):
 
     # --- running -----------------------------------------------------------------------------------
     def forward(self, batch: ForestBatch | Forest, **inputs: Tensor) -> dict[str, Tensor]:
+        steps = self.signature.structure.steps
         if isinstance(batch, Forest):
-            batch = ForestBatch.from_forest(batch)
+            batch = ForestBatch.from_forest(batch, steps=steps)
         if not isinstance(batch, ForestBatch):
             raise InputError(f"expected a cortexc.torch.ForestBatch or a cortexc.Forest, got {type(batch).__name__}")
         runner = self.runner
@@ -173,6 +168,7 @@ class CellModule(nn.Module):
             value = inputs[decl.name]
             # index inputs as given (the op checks their range, then makes them int32); float ones as float32
             converted[decl.name] = value.contiguous() if decl.is_index else value.to(torch.float32).contiguous()
+        converted = _kernel_rows(self.signature, batch, converted)
         if self.sparse and not eager and torch.is_grad_enabled() and ddp._distributed():
             raise CortexcError(
                 "CellModule(sparse=True) in a compiled graph would give its tables dense gradients, which DDP "
@@ -201,7 +197,8 @@ class CellModule(nn.Module):
         keep = not inference
         results = cell_forward(key, params, cell_inputs, *batch.tensors(), train, dropout_seed, fold, keep)
         n = batch.level_order.shape[0]
-        out = {name: state[:n] for name, state in zip(runner.states, results)}
+        first = n - n // (steps + 1)  # a graph cell's states after its last step (`runtime.graph`)
+        out = {name: state[first:n] for name, state in zip(runner.states, results)}
         outputs = _split(device_runner, results)[3]  # the device's runner: its backend decides what is saved
         out.update(zip(runner.spec.abi.outputs, outputs))
         return out
@@ -216,6 +213,13 @@ class CellModule(nn.Module):
         sig = self.signature
         if batch.forest is not None:
             check_forest(sig, batch.forest)
+        steps = sig.structure.steps
+        ptr = batch.level_ptr
+        if steps and (len(ptr) != steps + 2 or not torch.equal(ptr, torch.arange(steps + 2) * ptr[1])):
+            raise ForestError(
+                f"cell {sig.name} is a graph cell of {steps} steps: its batch must be its unrolled steps, "
+                f"ForestBatch.from_forest(forest, steps={steps}) (or pass the Forest)"
+            )
         declared = {decl.name: decl for decl in sig.inputs}
         unknown = sorted(set(inputs) - set(declared))
         if unknown:
@@ -226,39 +230,81 @@ class CellModule(nn.Module):
         missing = [name for name in declared if name not in inputs]
         if missing:
             raise InputError(f"missing input {', '.join(map(repr, missing))} for cell {sig.name}")
-        n = batch.num_nodes
+        n = batch.num_nodes // (steps + 1)  # a graph cell's batch: its unrolled steps
+        edges = int(batch.edge_child.shape[0]) // max(steps, 1)
         for name, decl in declared.items():
             value = inputs[name]
             if not isinstance(value, Tensor):
                 raise InputError(f"input {name} must be a torch.Tensor, got {type(value).__name__}")
             if value.device != device:
                 raise InputError(f"input {name} is on {value.device}; this CellModule's params are on {device}")
+            rows, each = (edges, "edge") if decl.on_edge else (n, "node")
             if decl.is_index:
-                if tuple(value.shape) != (n,):
+                if tuple(value.shape) != (rows,):
                     raise InputError(
-                        f"input {name} must have shape ({n},) (one index per node), got {tuple(value.shape)}"
+                        f"input {name} must have shape ({rows},) (one index per {each}), got {tuple(value.shape)}"
                     )
                 if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
                     raise InputError(f"input {name} is an index input and must be integers, got dtype {value.dtype}")
                 assert decl.index_range is not None
                 bad = torch.nonzero((value < 0) | (value >= decl.index_range)).flatten()
                 if bad.numel():
-                    node = int(bad[0])
+                    row = int(bad[0])
+                    where = f"node {row}"
+                    if decl.on_edge:  # the edge by its number and nodes where the forest is at hand
+                        where = f"edge {row}" if batch.forest is None else edge_text(batch.forest, row)
                     raise InputError(
-                        f"input {name}: node {node} has index {int(value[node])}, outside "
-                        f"[0, {decl.index_range}) ({bad.numel()} nodes out of range)"
+                        f"input {name}: {where} has index {int(value[row])}, outside "
+                        f"[0, {decl.index_range}) ({bad.numel()} {each}s out of range)"
                     )
             else:
-                expected = (n, *decl.shape)
+                expected = (rows, *decl.shape)
                 if tuple(value.shape) != expected:
                     raise InputError(
-                        f"input {name} must have shape {expected} (one row per node), got {tuple(value.shape)}"
+                        f"input {name} must have shape {expected} (one row per {each}), got {tuple(value.shape)}"
                     )
                 if not value.is_floating_point():
                     raise InputError(f"input {name} must be float32, got dtype {value.dtype}")
 
     def extra_repr(self) -> str:
         return f"{self.signature.name}, sparse={self.sparse}, fold={self.fold}"
+
+
+# ------------------------------------------------------------------------------------------------ kernel rows
+def _kernel_rows(sig: CellSignature, batch: ForestBatch, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The inputs as the kernels read them, in autograd's graph (what `runtime.edges.to_kernel_order` does
+    with arrays): a graph cell's node inputs once per step and edge inputs once per step after the first;
+    another cell's edge inputs in the kernels' child-edge order (`_edge_order`). Their gradients flow back
+    summed (a repeat) or scattered (an index) by autograd."""
+    steps = sig.structure.steps
+    on_edge = [decl.name for decl in sig.inputs if decl.on_edge]
+    if not steps and not on_edge:
+        return inputs
+    order = _edge_order(batch) if on_edge and not steps else None
+    rows = {}
+    for decl in sig.inputs:
+        value = inputs[decl.name]
+        if steps:
+            copies = steps if decl.on_edge else steps + 1
+            rows[decl.name] = value.repeat(copies, *([1] * (value.dim() - 1)))
+        elif decl.on_edge:
+            rows[decl.name] = value[order]
+        else:
+            rows[decl.name] = value
+    return rows
+
+
+def _edge_order(batch: ForestBatch) -> Tensor:
+    """For each of the kernels' child edges (by the parent's level-order position), the forest's number of
+    that edge (by parent id, then children order): `runtime.linearize.edge_order`, from the batch's tensors."""
+    order, ptr = batch.level_order, batch.edge_ptr
+    n, edges = order.shape[0], batch.edge_child.shape[0]
+    counts = ptr[1:] - ptr[:-1]  # by level-order position
+    by_node = torch.zeros_like(counts).index_copy(0, order, counts)
+    first = torch.cumsum(by_node, 0) - by_node  # the forest's first edge of each node
+    position = torch.repeat_interleave(torch.arange(n, device=order.device), counts, output_size=edges)
+    slot = torch.arange(edges, device=order.device) - ptr[position]
+    return first[order[position]] + slot
 
 
 # ------------------------------------------------------------------------------------------------ sparse tables

@@ -47,14 +47,18 @@ if TYPE_CHECKING:
 
 
 # ------------------------------------------------------------------------------------------------ tensors
-def _linearized(level_order: Tensor, level_ptr: Tensor, edge_ptr: Tensor, edge_child: Tensor, roots: Tensor):
-    """The executor's `Linearized` over NumPy views of the forest tensors (no copy for int64 CPU ones)."""
+def _linearized(
+    runner: _Runner, level_order: Tensor, level_ptr: Tensor, edge_ptr: Tensor, edge_child: Tensor, roots: Tensor
+):
+    """The executor's `Linearized` over NumPy views of the forest tensors (no copy for int64 CPU ones); a graph
+    cell's unrolled steps (`ForestBatch.from_forest(forest, steps=T)`) have the nodes of one step at level 0."""
     arrays = [np.ascontiguousarray(_host(t), dtype=np.int64) for t in (level_order, level_ptr, edge_ptr)]
     order, ptr, eptr = arrays
     child = np.ascontiguousarray(_host(edge_child), dtype=np.int64)
     root = np.ascontiguousarray(_host(roots), dtype=np.int64)
     max_children = int(np.diff(eptr).max()) if len(order) else 0
-    return Linearized(len(order), max(len(ptr) - 1, 1), max_children, order, ptr, eptr, child, root)
+    step_nodes = int(ptr[1]) if runner.signature.structure.steps and len(ptr) > 1 else 0
+    return Linearized(len(order), max(len(ptr) - 1, 1), max_children, order, ptr, eptr, child, root, step_nodes)
 
 
 def _host(tensor: Tensor) -> np.ndarray:
@@ -93,6 +97,15 @@ def _check_linearized(runner: _Runner, lin: Linearized) -> None:
     checks): no node with more children than a fixed arity, no shared child for a tree cell."""
     sig = runner.signature
     counts = np.diff(lin.edge_ptr)
+    steps = sig.structure.steps
+    if steps:  # a graph cell: its T + 1 steps, each of the same nodes (`runtime.graph.linearize_steps`)
+        ptr = lin.level_ptr
+        if len(ptr) != steps + 2 or np.any(ptr != np.arange(steps + 2) * lin.step_nodes) or np.any(counts[: ptr[1]]):
+            raise ForestError(
+                f"cell {sig.name} is a graph cell of {steps} steps: its batch must be its unrolled steps, "
+                f"ForestBatch.from_forest(forest, steps={steps}) (or pass the Forest)"
+            )
+        return
     if sig.arity is not None and lin.max_children > sig.arity:
         position = int(np.flatnonzero(counts > sig.arity)[0])
         raise ForestError(
@@ -141,7 +154,7 @@ def cell_forward(
     runner.prepare(params, stream)
     results = _forward_shapes(runner, params, level_order, roots, internal, fake=False, keep=keep)
     states, hoisted, activations, outputs = _split(runner, results)
-    lin = _linearized(level_order, level_ptr, edge_ptr, edge_child, roots)
+    lin = _linearized(runner, level_order, level_ptr, edge_ptr, edge_child, roots)
     _check_linearized(runner, lin)
     inputs = _kernel_inputs(runner, inputs, check=True)
     executor = runner.executor
@@ -302,7 +315,7 @@ def cell_backward(
     for state, upstream in zip(states, d_states):
         d_state = torch.zeros_like(state) if upstream is None else upstream.to(torch.float32, copy=True).contiguous()
         d_state_arrays.append(d_state.numpy())  # the kernels add the children's adjoints into it
-    lin = _linearized(level_order, level_ptr, edge_ptr, edge_child, roots)
+    lin = _linearized(runner, level_order, level_ptr, edge_ptr, edge_child, roots)
     grads = (
         [d.numpy() for d in d_params],
         [None if d is None else d.numpy() for d in d_inputs],
@@ -345,7 +358,7 @@ def _device_backward(
     """`cell_backward` on a device runner (`executor`, its calls): every gradient array allocated by torch
     where the params are (`dropout`: the forward's mode, whose masks the kernels recompute), run on `stream`."""
     assert runner.packed is not None  # prepare uploaded them
-    lin = _linearized(level_order, level_ptr, edge_ptr, edge_child, roots)
+    lin = _linearized(runner, level_order, level_ptr, edge_ptr, edge_child, roots)
     kept = [
         [p.detach().contiguous() for p in params],
         _kernel_inputs(runner, inputs, check=False),

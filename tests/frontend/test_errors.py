@@ -117,7 +117,14 @@ CASES = [
         11,
         "unexpected '8', expected '='",
     ),
-    ("unknown-structure", prog("cell C on tre {", "}"), CellSyntaxError, 1, 11, "expected one of 'dag', 'tree'"),
+    (
+        "unknown-structure",
+        prog("cell C on tre {", "}"),
+        CellSyntaxError,
+        1,
+        11,
+        "expected one of 'dag', 'graph', 'tree'",
+    ),
     (
         "arity-not-a-number",
         prog("cell C on tree(arity = H) {", "}"),

@@ -105,3 +105,14 @@ def test_init_numbers_must_keep_params_finite(init):
     with pytest.raises(CellTypeError, match="at most 1e\\+30 in magnitude") as info:
         compile_source(text, "t.cell")
     assert info.value.loc.line == 4
+
+
+def test_load_with_a_defines_dict_says_dims_are_keywords(tmp_path):
+    """`cortexc.load(path, defines={...})` (the CLI's -D spelt as a keyword) says how to write it."""
+    import cortexc
+
+    path = tmp_path / "c.cell"
+    path.write_text(GOOD, encoding="utf-8")
+    with pytest.raises(DimError, match=r"write cortexc.load\(path, H=8\), not defines="):
+        cortexc.load(path, out_dir=tmp_path / "out", defines={"H": 8})
+    assert not (tmp_path / "out").exists()

@@ -25,7 +25,7 @@ from cortexc.errors import CortexcError, InputError
 from cortexc.ir.ops import LEAF_OPS, Domain, Op
 from cortexc.pipeline import compile_file, compile_source
 from cortexc.runtime.forest import Forest
-from tests.helpers import EXAMPLES, children_of, random_inputs, relative_error
+from tests.helpers import EXAMPLES, children_of, random_graph, random_inputs, relative_error
 
 FD_RTOL = 1e-6  # float64 finite differences, per coordinate
 TORCH_RTOL = {np.float32: 1e-4, np.float64: 1e-9}  # normwise, per array
@@ -205,6 +205,8 @@ def example_forest(kind: str, rng) -> Forest:
                 return dag  # some node is shared
     if kind == "chain":
         return chains([1, 4, 7])
+    if kind == "graph":
+        return random_graph(9, 8, rng)
     raise ValueError(kind)
 
 
@@ -220,6 +222,7 @@ EXAMPLE_CASES = {
     "sst_treelstm.cell": ({"V": 6, "X": 4, "H": 3, "C": 5}, "binary"),  # evaluation mode
     "rntn.cell": ({"V": 6, "H": 3, "C": 5}, "binary"),
     "tbcnn.cell": ({"X": 4, "H": 3}, "tree"),
+    "ggnn.cell": ({"X": 4, "H": 3, "R": 2, "T": 2, "C": 2}, "graph"),
 }
 
 

@@ -201,12 +201,10 @@ def test_bad_edge_inputs_are_typed_errors_naming_the_edge(modules, rng):
 
 
 def test_unsupported_paths_say_so(modules, tmp_path):
-    """Export and cortexc.torch do not take edge inputs yet: a typed error, never wrong numbers."""
+    """Export does not take edge inputs yet: a typed error, never wrong numbers (cortexc.torch does:
+    tests/api/test_torch_edges_graphs.py)."""
     from cortexc.export import export
-    from cortexc.torch import CellModule
 
-    with pytest.raises(CortexcError, match="cortexc.torch does not take them yet"):
-        CellModule(modules["dag"].TypedDag)
     cell_file = tmp_path / "typed.cell"
     cell_file.write_text(TYPED_DAG, encoding="utf-8")
     with pytest.raises(CortexcError, match="cortexc export does not take them yet"):

@@ -23,8 +23,9 @@ from cortexc.passes.autodiff import grad_body
 from cortexc.passes.saving import saved_values
 from cortexc.passes.schedule import schedule
 from cortexc.pipeline import Job, Source, compile_file, target_stage
-from cortexc.runtime.linearize import linearize
+from cortexc.runtime.edges import to_kernel_order
 from cortexc.runtime.params import check_params
+from cortexc.runtime.topdown import linearize_for
 from cortexc.runtime.validate import check_inputs
 from tests.helpers import EXAMPLES, random_inputs, relative_error, small_forest, twin_models
 
@@ -42,17 +43,19 @@ def test_the_saving_gradient_body_computes_what_the_recomputing_one_does(path, r
     row, then both GRAD bodies from the same adjoints; every gradient result agrees."""
     cell = _cell(path)
     forest = small_forest(cell, rng, 4, 9, chains=(4, 2), dag_nodes=15)
-    lin = linearize(forest)
+    lin = linearize_for(cell.signature(), forest)  # a graph cell's unrolled steps
     params = check_params(cell, {p.name: rng.standard_normal(p.shape) * 0.5 for p in cell.params}, dtype=np.float64)
     inputs = check_inputs(cell, forest, random_inputs(cell, forest, rng), np.float64)
+    inputs = to_kernel_order(cell.signature(), forest, inputs)  # edge inputs by the kernels' edges
     states = reference.run_linearized(cell, lin, params, inputs, np.float64)
     saved_any = False
     for position in range(lin.num_nodes):
         index = int(lin.level_order[position])
         children = reference._children(lin, position)
-        leaf = len(children) == 0
+        leaf = position < lin.num_leaves
         forward = cell.leaf if leaf else cell.node
-        node = interp.NodeView(index, children, states, inputs, params, np.float64)
+        edges, prev = reference._edges(lin, position), reference._prev(lin, index)
+        node = interp.NodeView(index, children, states, inputs, params, np.float64, edges=edges, prev=prev)
         if not leaf:
             node.hoisted = reference._hoisted(cell, node)
         chosen = saved_values(forward)

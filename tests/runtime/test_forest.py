@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from cortexc.errors import ForestError
 from cortexc.runtime.forest import Forest
+from cortexc.runtime.linearize import linearize
 
 SST_DIR = Path(
     os.environ.get(
@@ -339,8 +340,10 @@ def test_cycle_error_names_a_node_on_the_cycle() -> None:
     graph = nx.DiGraph()
     graph.add_node("top")
     graph.add_edges_from([("a", "top"), ("a", "b"), ("b", "a")])
-    with pytest.raises(ForestError, match=r"^cycle through node '[ab]'"):
-        Forest.from_networkx(graph)
+    cyclic = Forest.from_networkx(graph)  # a graph, for graph cells: tree and dag cells refuse it when called
+    assert cyclic.cycle is not None and cyclic.cycle.startswith("cycle through node '")
+    with pytest.raises(ForestError, match=r"^cycle through node '[ab]'.*use a graph cell"):
+        cyclic.check_structure(is_dag=True, arity=None)
 
 
 def test_from_networkx_dag_order_and_labels() -> None:
@@ -365,13 +368,17 @@ def test_from_networkx_dag_order_and_labels() -> None:
     assert forest.words == ["hi", "yo", None, None]
 
 
-def test_from_networkx_rejects_bad_graphs() -> None:
-    cyclic = nx.DiGraph([("a", "b"), ("b", "c"), ("c", "a"), ("d", "a")])
+def test_from_networkx_keeps_cycles_for_graph_cells_and_rejects_bad_graphs() -> None:
+    cyclic = Forest.from_networkx(nx.DiGraph([("a", "b"), ("b", "c"), ("c", "a"), ("d", "a")]))
+    assert cyclic.num_levels == 0 and cyclic.children(0).tolist() == [2, 3]
     with pytest.raises(ForestError, match=r"cycle through node '[abc]'"):
-        Forest.from_networkx(cyclic)
-    looped = nx.DiGraph([("a", "b"), ("b", "b")])
-    with pytest.raises(ForestError, match=r"'b'.*self-loop"):
-        Forest.from_networkx(looped)
+        cyclic.check_structure(is_dag=True, arity=None)
+    with pytest.raises(ForestError, match=r"cycle through node '[abc]'.*no levels"):
+        linearize(cyclic)
+    looped = Forest.from_networkx(nx.DiGraph([("a", "b"), ("b", "b")]))
+    assert looped.children(1).tolist() == [0, 1]
+    with pytest.raises(ForestError, match=r"'b'.*reads itself"):
+        looped.check_structure(is_dag=False, arity=None)
     with pytest.raises(ForestError, match="DiGraph"):
         Forest.from_networkx(nx.Graph([(0, 1)]))
     with pytest.raises(ForestError, match="DiGraph"):

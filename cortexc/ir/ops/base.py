@@ -33,6 +33,7 @@ class Op(enum.Enum):
     STATE = "state"  # attrs: name; the node's own state (read-outs only)
     CHILD_STATE = "child_state"  # attrs: name; one row per child (CHILD domain)
     CHILD_STATE_AT = "child_state_at"  # attrs: name, k; child k's state or 0 if missing
+    PREV_STATE = "prev_state"  # attrs: name; a graph cell: the node's own state one step earlier
     HOISTED = "hoisted"  # attrs: name; this node's row of a result of the cell's `pre` body
     CONST = "const"  # attrs: value; a float scalar (broadcast by its users) or a filled vector/matrix
     # elementwise binary (scalars broadcast; NODE values broadcast against CHILD values)
@@ -165,6 +166,7 @@ class TypeContext(Protocol):
     output_body: bool  # a read-out (or its gradient): the node's own state is readable
     gradient: bool  # a gradient body: adjoints and saved values are readable
     arity: int | None  # the cell's arity (child[k] reads)
+    steps: bool  # a graph cell: `prev` is readable in node bodies
 
     def param_shape(self, name: str) -> Shape: ...
 
@@ -191,6 +193,11 @@ class NodeEnv(Protocol):
     @property
     def edges(self) -> Any:
         """The rows of the edges to the children in the edge inputs' arrays (an int array)."""
+        ...
+
+    @property
+    def prev(self) -> int:
+        """A graph cell's node at a step after 0: its row one step earlier (-1 elsewhere)."""
         ...
 
     @property
@@ -262,7 +269,7 @@ class Emitter(Protocol):
     def read(self, array: str, name: str, row: str, width: int) -> str:
         """Element `col` of a forest array's row: `array` is `input`, `state` or `pre` (a hoisted row),
         `row` is `node` (this node), `child` (this child edge's child), `edge` (this child edge: an edge
-        input's row) or `kid<k>` (child k of this node)."""
+        input's row), `kid<k>` (child k of this node) or `prev` (this node one step earlier: a graph cell)."""
         ...
 
     def param(self, name: str, offset: str) -> str: ...

@@ -59,6 +59,16 @@ def _d_child_state_at(d: Derivatives, g: int, y: int, args: Sequence[int], value
     yield from ()
 
 
+def _prev_state_type(ctx: TypeContext, value: Value, args: Sequence[Value]) -> tuple[Shape, Domain]:
+    expect(ctx.node_body and ctx.steps, "prev is read only in a graph cell's node bodies")
+    return ctx.state_shape(value.name), Domain.NODE
+
+
+def _d_prev_state(d: Derivatives, g: int, y: int, args: Sequence[int], value: Value) -> Iterator[int | None]:
+    d.gradient("d_prev", g, value.name)
+    yield from ()
+
+
 def _num_children_type(ctx: TypeContext, value: Value, args: Sequence[Value]) -> tuple[Shape, Domain]:
     expect(ctx.node_body, "the number of children is read only in node bodies")
     return (), Domain.NODE
@@ -231,6 +241,18 @@ CHILDREN: tuple[OpDef, ...] = (
         lambda e, value: e.read("state", value.name, f"kid{value.attr('k')}", width(value)),
         reads_children=True,
         childless_zero=True,
+    ),
+    OpDef(
+        Op.PREV_STATE,
+        OpKind.LEAF,
+        None,
+        0,
+        _prev_state_type,
+        lambda env, value, xs, args: env.states[value.name][env.prev],
+        _d_prev_state,
+        Placement.SOURCE,
+        lambda e, value: e.read("state", value.name, "prev", width(value)),
+        reads_children=True,  # another node's state, of the level below: never hoisted above the levels
     ),
     OpDef(
         Op.NUM_CHILDREN,

@@ -308,6 +308,7 @@ class CpuExecutor:
             dropout_train=int(dropout.train),
             hoisted_rows=min((len(array) for array in hoisted), default=0),
             direct=self.direct,
+            step_nodes=lin.step_nodes,
         )
         tables = [params_table, packed_table, inputs_table, states_table, hoisted_table, outputs_table]
         if folded is not None:  # else NULL: every GEMM runs

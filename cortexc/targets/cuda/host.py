@@ -401,6 +401,7 @@ class DeviceExecutor:
                 num_levels=lin.num_levels,
                 max_children=lin.max_children,
                 num_roots=len(lin.roots),
+                step_nodes=lin.step_nodes,
                 **{field: at(field) for field in uploads if "/" not in field},
                 **{table: at(f"table/{table}") for table in counts},
                 dropout_seed=dropout.seed,  # the backward reuses this call: it replays the masks
@@ -555,6 +556,7 @@ class DeviceExecutor:
                 num_levels=lin.num_levels,
                 max_children=lin.max_children,
                 num_roots=len(lin.roots),
+                step_nodes=lin.step_nodes,
                 **{field: base + layout.offsets[field] for field in uploads},
                 **{t: base + layout.offsets[f"table/{t}"] for t in ("params", "packed", *CALL_TABLES)},
                 dropout_seed=dropout.seed,

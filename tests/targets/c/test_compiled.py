@@ -20,7 +20,7 @@ import pytest
 import cortexc
 from cortexc import Forest, Vocab, reference
 from cortexc.ir.cell import Structure
-from tests.helpers import EXAMPLES, random_inputs, sst_path
+from tests.helpers import EXAMPLES, random_graph, random_inputs, sst_path
 
 TOL = 1e-5
 
@@ -203,12 +203,16 @@ def forest_shapes(cell, seed: int) -> dict[str, Forest]:
         shapes["missing_children"] = Forest.concat(
             [Forest.from_parents([1, 3, 3, -1, 5, -1]), Forest.random(10, rng, max_children=arity, max_nodes=30)]
         )
+    if cell.steps is not None:  # a graph cell takes any graph, and trees and DAGs too
+        shapes["graph"] = random_graph(40, 80, rng)
+        shapes["graphs"] = Forest.concat([random_graph(int(n), int(n), rng) for n in rng.integers(4, 30, 6)])
     if cell.structure.shares_children:
         shapes["dag"] = Forest.random_dag(150, rng, max_children=arity or 4, max_parents=3)
         shapes["dag_shared"] = Forest.random_dag(60, rng, max_children=arity or 8, max_parents=8)
         shapes["dag_deep"] = Forest.random_dag(120, rng, max_children=1, max_parents=1)
     for forest in shapes.values():  # the generator must only make forests the cell accepts
-        forest.check_structure(cell.structure.shares_children, arity, cell.name)
+        if cell.steps is None:
+            forest.check_structure(cell.structure.shares_children, arity, cell.name)
     return shapes
 
 
@@ -227,6 +231,7 @@ EXAMPLE_DIMS = {
     "sst_treelstm": dict(V=64, X=16, H=12),  # evaluation mode (training: tests/api/test_torch.py)
     "rntn": dict(V=64, H=8),
     "tbcnn": dict(X=16, H=12),
+    "ggnn": dict(X=16, H=12),
 }
 
 
