@@ -44,6 +44,11 @@ def _edges(lin: Linearized, position: int) -> np.ndarray:
     return np.arange(lin.edge_ptr[position], lin.edge_ptr[position + 1], dtype=np.int64)
 
 
+def _input_row(lin: Linearized, index: int) -> int:
+    """The node inputs' row of the node at `index`: a graph cell's steps read the node's own row each step."""
+    return index % lin.step_nodes if lin.step_nodes else index
+
+
 def _prev(lin: Linearized, index: int) -> int:
     """A graph cell's node after step 0: its row one step earlier (`runtime.graph`); -1 elsewhere."""
     return index - lin.step_nodes if lin.step_nodes and index >= lin.step_nodes else -1
@@ -81,9 +86,8 @@ def run_linearized(
         index = int(lin.level_order[position])
         children = _children(lin, position)
         body = cell.leaf if cell.leaf is not None and position < lin.num_leaves else cell.node
-        node = interp.NodeView(
-            index, children, states, inputs, params, dtype, dropout, _edges(lin, position), _prev(lin, index)
-        )
+        edges, prev, row = _edges(lin, position), _prev(lin, index), _input_row(lin, index)
+        node = interp.NodeView(index, children, states, inputs, params, dtype, dropout, edges, prev, row)
         if body is cell.node:
             node.hoisted = _hoisted(cell, node)
         values = interp.eval_body(body, node)
@@ -94,18 +98,26 @@ def run_linearized(
     out: dict[str, np.ndarray] = dict(states)
     for output in cell.outputs:
         rows = lin.roots if output.at_root else np.arange(n, dtype=np.int64)
-        out[output.name] = _readout(output.body, rows, states, inputs, params, dtype, dropout)
+        out[output.name] = _readout(output.body, lin, rows, states, inputs, params, dtype, dropout)
     return out
 
 
 def _readout(
-    body: Body, rows: np.ndarray, states: Any, inputs: Any, params: Any, dtype: type, dropout: Dropout
+    body: Body,
+    lin: Linearized,
+    rows: np.ndarray,
+    states: Any,
+    inputs: Any,
+    params: Any,
+    dtype: type,
+    dropout: Dropout,
 ) -> np.ndarray:
     """A read-out for the given nodes, one node at a time like the recursion."""
     shape = body.values[body.results[0][1]].shape
     result: np.ndarray = np.zeros((len(rows), *shape), dtype)
     for i, index in enumerate(rows):
-        node = interp.NodeView(int(index), NO_CHILDREN, states, inputs, params, dtype, dropout)
+        row = _input_row(lin, int(index))
+        node = interp.NodeView(int(index), NO_CHILDREN, states, inputs, params, dtype, dropout, input_row=row)
         result[i] = interp.eval_body(body, node)[body.results[0][1]]
     return result
 
@@ -131,10 +143,10 @@ def backward_linearized(
         if name in d_states:
             d_states[name] += grad
     grads: dict[str, np.ndarray] = {p.name: np.zeros(p.shape, dtype) for p in cell.params}
-    edges = len(lin.edge_child)
     for i in cell.inputs:
         if not i.is_index:
-            grads[i.name] = np.zeros((edges if i.on_edge else n, *i.shape), dtype)
+            count = len(lin.edge_child) if i.on_edge else len(inputs[i.name])  # a graph cell's: the graph's nodes
+            grads[i.name] = np.zeros((count, *i.shape), dtype)
 
     def accumulate(node: interp.NodeView, values: list[np.ndarray], body: Body) -> dict[str, np.ndarray]:
         """Send a gradient body's per-node results where they belong; returns the hoisted ones."""
@@ -144,7 +156,7 @@ def backward_linearized(
             if target.kind == GradKind.PARAM:  # a 3-D family's comes as its [R*M, K] rows: one row-major array
                 grads[target.name] += value.reshape(grads[target.name].shape)
             elif target.kind == GradKind.INPUT:
-                grads[target.name][node.index] += value
+                grads[target.name][node.input_row] += value
             elif target.kind == GradKind.EDGE_INPUT:
                 grads[target.name][node.edges] += value
             elif target.kind == GradKind.EMBED and target.index is not None:
@@ -153,7 +165,7 @@ def backward_linearized(
                     rows = node.inputs[target.index][node.edges]
                     np.add.at(table, rows, value.reshape(len(rows), *table.shape[1:]))
                 else:
-                    table[node.inputs[target.index][node.index]] += value.reshape(table.shape[1:])
+                    table[node.inputs[target.index][node.input_row]] += value.reshape(table.shape[1:])
             elif target.kind == GradKind.STATE:
                 d_states[target.name][node.index] += value
             elif target.kind == GradKind.CHILD:
@@ -172,7 +184,8 @@ def backward_linearized(
             continue
         rows = lin.roots if output.at_root else np.arange(n, dtype=np.int64)
         for position, index in enumerate(rows):
-            node = interp.NodeView(int(index), NO_CHILDREN, states, inputs, params, dtype, dropout)
+            at = _input_row(lin, int(index))
+            node = interp.NodeView(int(index), NO_CHILDREN, states, inputs, params, dtype, dropout, input_row=at)
             node.adjoints = {output.name: np.asarray(upstream[output.name][position], dtype)}
             accumulate(node, interp.eval_body(grad_body, node), grad_body)
 
@@ -181,9 +194,8 @@ def backward_linearized(
         children = _children(lin, position)
         leaf = position < lin.num_leaves  # level 0 (a graph cell's step 0 too, whatever its edges)
         body, grad_body = (leaf_body, grad_bodies.leaf) if leaf else (cell.node, grad_bodies.node)
-        node = interp.NodeView(
-            index, children, states, inputs, params, dtype, dropout, _edges(lin, position), _prev(lin, index)
-        )
+        edges, prev, row = _edges(lin, position), _prev(lin, index), _input_row(lin, index)
+        node = interp.NodeView(index, children, states, inputs, params, dtype, dropout, edges, prev, row)
         if not leaf:
             node.hoisted = _hoisted(cell, node)
         node.adjoints = {name: d_states[name][index] for name, _ in body.named_results}

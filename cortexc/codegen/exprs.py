@@ -38,6 +38,12 @@ def c_helpers(kernels: Iterable[Kernel]) -> list[str]:
     return helpers
 
 
+def input_row(cell: Cell, node: str) -> str:
+    """The row of the node inputs that node `node` (C text) reads: its own, or a graph cell's node at any of
+    its unrolled steps (`runtime.graph`), the graph node's."""
+    return f"({node} % call->step_nodes)" if cell.steps is not None else node
+
+
 def param_symbol(name: str) -> str:
     return f"P_{name}"
 
@@ -141,7 +147,9 @@ class _Element:
         return self.exprs.values[self.value.args[position]]
 
     def read(self, array: str, name: str, row: str, width: int) -> str:
-        if row == "node":
+        if row == "node" and array == "input":
+            at = input_row(self.exprs.cell, f"nd[{self.row}]")
+        elif row == "node":
             at = f"nd[{self.row}]"
         elif row == "child":
             at = f"ch[{self.row}]"
@@ -159,7 +167,7 @@ class _Element:
         return f"{param_symbol(name)}[{offset}]"
 
     def index(self, name: str) -> str:
-        return f"(int64_t){input_symbol(name)}[nd[{self.row}]]"
+        return f"(int64_t){input_symbol(name)}[{input_row(self.exprs.cell, f'nd[{self.row}]')}]"
 
     def edge_index(self, name: str) -> str:
         return f"(int64_t){input_symbol(name)}[e0 + {self.row}]"

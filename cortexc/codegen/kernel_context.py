@@ -11,6 +11,7 @@ from cortexc.codegen.exprs import (
     KernelExprs,
     gradient_symbol,
     hoisted_symbol,
+    input_row,
     input_symbol,
     output_symbol,
     param_symbol,
@@ -222,7 +223,7 @@ def _fold_context(program: Program, kernel: Kernel, step: Gemm) -> dict[str, Any
         return {"fold": None}
     slot = [f.name for f in program.folds].index(step.fold)
     index = kernel.body.values[kernel.body.values[step.operand].args[1]]
-    return {"fold": slot, "fold_row": f"(int64_t){input_symbol(index.name)}[nd[i]]"}
+    return {"fold": slot, "fold_row": f"(int64_t){input_symbol(index.name)}[{input_row(program.cell, 'nd[i]')}]"}
 
 
 #: the stores that write a state's gradient (the kernel declares those arrays)
@@ -234,7 +235,8 @@ def _store_destination(exprs: KernelExprs, step: Store) -> str:
     w = step.width
     if step.target == StoreTarget.SAVED:  # a column range of the node's row (rows by level-order position)
         return f"{exprs.saved_row(step.name, 'i')} + {step.column}"
-    index, looked_up = input_symbol(step.index_input), "nd[i]"  # a table row chosen by the node's index
+    # a table row chosen by the node's index
+    index, looked_up = input_symbol(step.index_input), input_row(exprs.cell, "nd[i]")
     # (or by the child edge's: W[edge.rel])
     if step.target == StoreTarget.D_EMBED and exprs.cell.input(step.index_input).on_edge:
         looked_up = "e0 + i"
@@ -247,7 +249,7 @@ def _store_destination(exprs: KernelExprs, step: Store) -> str:
         StoreTarget.D_CHILD_AT: (gradient_symbol("state", step.name), f"kid{step.k}[i]"),
         StoreTarget.D_PREV: (gradient_symbol("state", step.name), "(nd[i] - call->step_nodes)"),
         StoreTarget.D_HOISTED: (gradient_symbol("pre", step.name), "(pre_base + i)"),
-        StoreTarget.D_INPUT: (gradient_symbol("input", step.name), "nd[i]"),
+        StoreTarget.D_INPUT: (gradient_symbol("input", step.name), input_row(exprs.cell, "nd[i]")),
         StoreTarget.D_EDGE_INPUT: (gradient_symbol("input", step.name), "(e0 + i)"),
         StoreTarget.D_EMBED: (gradient_symbol("param", step.name), f"(int64_t){index}[{looked_up}]"),
     }

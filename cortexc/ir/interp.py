@@ -29,6 +29,7 @@ class NodeView:
         "index",
         "children",
         "prev",
+        "input_row",
         "edges",
         "states",
         "inputs",
@@ -41,11 +42,22 @@ class NodeView:
     )
 
     def __init__(
-        self, index, children, states, inputs, params, dtype, dropout: Dropout = EVAL, edges=None, prev: int = -1
+        self,
+        index,
+        children,
+        states,
+        inputs,
+        params,
+        dtype,
+        dropout: Dropout = EVAL,
+        edges=None,
+        prev: int = -1,
+        input_row: int | None = None,
     ):
         self.index = index
         self.children = children
         self.prev = prev  # a graph cell's node after step 0: its row one step earlier
+        self.input_row = index if input_row is None else input_row  # a graph cell's: the node's own at any step
         self.edges = edges  # the rows of the edges to the children in the edge inputs' (linearized) order
         self.states = states
         self.inputs = inputs

@@ -456,6 +456,8 @@ def _kernel(
             store_rows = row_kind(values[index])
         if cell.shares_read_nodes and result_name.kind in (GradKind.CHILD, GradKind.CHILD_AT):
             mode = StoreMode.ATOMIC_ADD  # a shared child's parents may be in the same level
+        if cell.steps is not None and result_name.kind == GradKind.INPUT and role == KernelRole.GRAD_PRE:
+            mode = StoreMode.ATOMIC_ADD  # every step of a graph node reads its input row: this launch has them all
         steps.append(
             Store(
                 index,

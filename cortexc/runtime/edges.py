@@ -4,8 +4,8 @@ A caller gives an edge input as one row per edge in the forest's order (by paren
 `Forest.edge_ptr`). The kernels read it per child edge, in their own order: the linearization's (levels of
 parents) for a bottom-up cell, the reversed forest's for a `down` cell (`topdown`). `to_kernel_order` permutes
 every edge input into that order before an executor sees it, and `from_kernel_order` puts their gradients back,
-so no executor or target knows about edge order. A graph cell's kernels read every edge (and every node
-input) once per step: the rows are tiled and their gradients summed (`runtime.graph`).
+so no executor or target knows about edge order. A graph cell's kernels read every edge once per step: its
+rows are tiled and their gradients summed (`runtime.graph`).
 
 A `down` cell reads `edge.position` and `edge.siblings` of the edge to a node's parent, which the reversed
 forest does not have (a parent's place there is another node's): the runtime gives them as two edge inputs of
@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from cortexc.runtime.forest import Forest
-from cortexc.runtime.graph import edge_order_steps, node_gradients_from_steps, node_inputs_to_steps
+from cortexc.runtime.graph import edge_order_steps
 from cortexc.runtime.linearize import edge_order
 from cortexc.runtime.signature import CellSignature
 from cortexc.runtime.topdown import edge_order_down
@@ -49,9 +49,7 @@ def given_by_runtime(signature: CellSignature, forest: Forest) -> dict[str, np.n
 
 def to_kernel_order(signature: CellSignature, forest: Forest, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Checked inputs plus the runtime's own, every edge input's rows in the kernels' child-edge order (copies;
-    node inputs as they are, or for a graph cell once per step)."""
-    if signature.structure.steps:
-        inputs = node_inputs_to_steps(signature, inputs)
+    node inputs as they are: a graph cell's steps read the node's own row, `codegen.exprs.input_row`)."""
     on_edge = [i.name for i in signature.inputs if i.on_edge]
     if not on_edge:
         return inputs
@@ -63,8 +61,6 @@ def to_kernel_order(signature: CellSignature, forest: Forest, inputs: dict[str, 
 def from_kernel_order(signature: CellSignature, forest: Forest, grads: dict) -> dict:
     """Gradients of the caller's edge inputs back in the forest's edge order (the inverse of `to_kernel_order`:
     a graph cell's rows of every step summed, in step order); the runtime's own inputs have none."""
-    if signature.structure.steps:
-        grads = node_gradients_from_steps(signature, grads)
     on_edge = [i.name for i in signature.inputs if i.on_edge]
     if not on_edge:
         return grads

@@ -8,10 +8,11 @@ children are its in-neighbours' rows of step ``t - 1`` (edges in the graph's ord
 one call with no Python per step. The states of every step are kept ((T + 1) * N rows): the backward reads
 them, and the whole recursion is one call.
 
-The caller's view is the graph's: node inputs ``[N, ...]`` (each step reads the same row: they are tiled to
-the steps here and their gradients summed back), edge inputs ``[E, ...]`` (tiled per step by the kernel edge
-order, `edge_order_steps`), states and outputs ``[N, ...]`` after step T (the unrolled forest's roots are
-step T's nodes, in node order). Vectorised; the unrolling is computed once per forest and steps count.
+The caller's view is the graph's: node inputs ``[N, ...]`` (every step of node v reads row v: the kernels
+read row ``n % step_nodes``, `codegen.exprs.input_row`, and add its gradients there), edge inputs ``[E, ...]``
+(tiled per step by the kernel edge order, `edge_order_steps`, their gradients summed back), states and
+outputs ``[N, ...]`` after step T (the unrolled forest's roots are step T's nodes, in node order).
+Vectorised; the unrolling is computed once per forest and steps count.
 """
 
 from __future__ import annotations
@@ -61,26 +62,6 @@ def edge_order_steps(forest: Forest, steps: int) -> np.ndarray:
         cached = _readonly(np.tile(np.arange(forest.num_edges, dtype=np.int64), steps))
         forest.derived[key] = cached
     return cached
-
-
-def node_inputs_to_steps(signature: CellSignature, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Every node input's rows once per step (step 0 included), as the unrolled rows read them."""
-    copies = signature.structure.steps + 1
-    node_inputs = {i.name for i in signature.inputs if not i.on_edge}
-    return {
-        name: np.ascontiguousarray(np.tile(a, (copies,) + (1,) * (a.ndim - 1))) if name in node_inputs else a
-        for name, a in inputs.items()
-    }
-
-
-def node_gradients_from_steps(signature: CellSignature, grads: dict[str, Any]) -> dict[str, Any]:
-    """The gradient of each float node input: its rows' gradients summed over the steps (in step order)."""
-    copies = signature.structure.steps + 1
-    for decl in signature.inputs:
-        if not decl.on_edge and not decl.is_index and decl.name in grads:
-            grad = grads[decl.name]
-            grads[decl.name] = np.ascontiguousarray(grad.reshape(copies, -1, *grad.shape[1:]).sum(axis=0))
-    return grads
 
 
 def last_step(signature: CellSignature, out: dict[str, Any], num_nodes: int) -> dict[str, Any]:

@@ -185,7 +185,7 @@ class CellModule(nn.Module):
                 position = runner.params.index(embedding.param)
                 table = params[position] if group is None else ddp._SparseAllReduce.apply(params[position], group)
                 params[position], converted[embedding.index] = _compact_lookup(
-                    table, converted[embedding.index], embedding, batch
+                    table, converted[embedding.index], embedding, batch, steps
                 )
         train = self.training and runner.dropout_sites > 0
         if train:  # torch's default generator: torch.manual_seed(k) makes a run reproducible
@@ -273,9 +273,9 @@ class CellModule(nn.Module):
 # ------------------------------------------------------------------------------------------------ kernel rows
 def _kernel_rows(sig: CellSignature, batch: ForestBatch, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
     """The inputs as the kernels read them, in autograd's graph (what `runtime.edges.to_kernel_order` does
-    with arrays): a graph cell's node inputs once per step and edge inputs once per step after the first;
-    another cell's edge inputs in the kernels' child-edge order (`_edge_order`). Their gradients flow back
-    summed (a repeat) or scattered (an index) by autograd."""
+    with arrays): a graph cell's edge inputs once per step after the first (its node inputs as they are: each
+    step reads the node's row); another cell's edge inputs in the kernels' child-edge order (`_edge_order`).
+    Their gradients flow back summed (a repeat) or scattered (an index) by autograd."""
     steps = sig.structure.steps
     on_edge = [decl.name for decl in sig.inputs if decl.on_edge]
     if not steps and not on_edge:
@@ -284,9 +284,8 @@ def _kernel_rows(sig: CellSignature, batch: ForestBatch, inputs: dict[str, Tenso
     rows = {}
     for decl in sig.inputs:
         value = inputs[decl.name]
-        if steps:
-            copies = steps if decl.on_edge else steps + 1
-            rows[decl.name] = value.repeat(copies, *([1] * (value.dim() - 1)))
+        if steps and decl.on_edge:
+            rows[decl.name] = value.repeat(steps, *([1] * (value.dim() - 1)))
         elif decl.on_edge:
             rows[decl.name] = value[order]
         else:
@@ -308,9 +307,11 @@ def _edge_order(batch: ForestBatch) -> Tensor:
 
 
 # ------------------------------------------------------------------------------------------------ sparse tables
-def _lookup_nodes(embedding: EmbeddingSig, batch: ForestBatch) -> Tensor:
-    """The nodes that read the table (`EmbeddingSig.rows`)."""
+def _lookup_nodes(embedding: EmbeddingSig, batch: ForestBatch, steps: int = 0) -> Tensor:
+    """The nodes that read the table (`EmbeddingSig.rows`); a graph cell's: every node (its input rows)."""
     n = batch.level_order.shape[0]
+    if steps:
+        return torch.arange(n // (steps + 1), device=batch.level_order.device)
     internal = batch.internal.shape[0]
     sets = {
         "all": lambda: batch.level_order,
@@ -322,11 +323,13 @@ def _lookup_nodes(embedding: EmbeddingSig, batch: ForestBatch) -> Tensor:
     return parts[0] if len(parts) == 1 else torch.unique(torch.cat(parts))
 
 
-def _compact_lookup(table: Tensor, index: Tensor, embedding: EmbeddingSig, batch: ForestBatch) -> tuple[Tensor, Tensor]:
+def _compact_lookup(
+    table: Tensor, index: Tensor, embedding: EmbeddingSig, batch: ForestBatch, steps: int = 0
+) -> tuple[Tensor, Tensor]:
     """The looked-up rows of `table` (through `F.embedding(sparse=True)`, so its gradient is a sparse
     COO tensor of those rows) and the index input renumbered into them: the kernels then read and
     write only those rows."""
-    nodes = _lookup_nodes(embedding, batch)
+    nodes = _lookup_nodes(embedding, batch, steps)
     rows, inverse = torch.unique(index[nodes].long(), return_inverse=True)
     compact = nn.functional.embedding(rows, table, sparse=True)
     renumbered = torch.zeros_like(index)

@@ -6969,16 +6969,27 @@ static void cx_run_cols(cx_kernel kernel, const cx_call *call, int64_t pos0, int
    in row order; the team shares the columns. */
 static void cx_scatter(const cx_stage *stage, int slot, int64_t rows, int64_t width, int team)
 {
+    /* a row's destination never overlaps the staged values, so each row's adds vectorise (restrict): every
+       element still gets its rows' values in row order */
     const int64_t blocks = (width + 15) / 16;
     if (team) {
 #pragma omp for schedule(static)
-        for (int64_t b = 0; b < blocks; ++b)
-            for (int64_t r = 0; r < rows; ++r)
-                for (int64_t j = 16 * b; j < width && j < 16 * b + 16; ++j)
-                    stage->ptr[slot][r][j] += stage->val[slot][r * width + j];
+        for (int64_t b = 0; b < blocks; ++b) {
+            const int64_t lo = 16 * b, hi = width < lo + 16 ? width : lo + 16;
+            for (int64_t r = 0; r < rows; ++r) {
+                float *restrict dst = stage->ptr[slot][r];
+                const float *restrict src = stage->val[slot] + r * width;
+#pragma omp simd
+                for (int64_t j = lo; j < hi; ++j) dst[j] += src[j];
+            }
+        }
     } else {
-        for (int64_t r = 0; r < rows; ++r)
-            for (int64_t j = 0; j < width; ++j) stage->ptr[slot][r][j] += stage->val[slot][r * width + j];
+        for (int64_t r = 0; r < rows; ++r) {
+            float *restrict dst = stage->ptr[slot][r];
+            const float *restrict src = stage->val[slot] + r * width;
+#pragma omp simd
+            for (int64_t j = 0; j < width; ++j) dst[j] += src[j];
+        }
     }
 }
 

@@ -201,6 +201,11 @@ class NodeEnv(Protocol):
         ...
 
     @property
+    def input_row(self) -> int:
+        """The node's row of the node inputs: its index, or a graph cell's node at any step, the node's own."""
+        ...
+
+    @property
     def states(self) -> Mapping[str, np.ndarray]: ...
 
     @property

@@ -160,7 +160,7 @@ LEAVES: tuple[OpDef, ...] = (
     _leaf(
         Op.INPUT,
         _input_type,
-        lambda env, value, xs, args: env.inputs[value.name][env.index],
+        lambda env, value, xs, args: env.inputs[value.name][env.input_row],
         _gradient_of("d_input"),
         lambda e, value: e.read("input", value.name, "node", width(value)),
     ),
