@@ -92,6 +92,7 @@ def cell_context(cell: Cell, program: Program, fold: bool = True) -> dict[str, A
         "structure": cell.structure.value,
         "arity": cell.arity,
         "is_dag": cell.structure.shares_children,
+        "steps": cell.steps,
         "dims": list(cell.dims),
         "params": [
             {
@@ -156,8 +157,6 @@ def export(
     stem = package_name(cell_file)
     cells = [item.cell for item in rendered]
     for cell in cells:
-        if cell.steps is not None:  # the exported C linearizes acyclic forests only so far
-            raise CortexcError(f"cell {cell.name} is a graph cell: cortexc export does not take them yet")
         if cell.down:  # the exported C linearizes bottom up only so far
             raise CortexcError(f"cell {cell.name} is a down cell: cortexc export does not take them yet")
         on_edge = [i.name for i in cell.inputs if i.on_edge]
@@ -235,13 +234,19 @@ def _params(cells: list[Cell], params_file: str | os.PathLike[str] | None) -> di
 def _test_forest(cell: Cell) -> Any:
     from cortexc.runtime.forest import Forest
 
+    if cell.steps is not None:  # a graph: cycles, a self-loop, a repeated edge, an isolated node
+        rng = np.random.default_rng(0)
+        src = np.concatenate([np.arange(12), rng.integers(0, 15, 20), [3, 5]])
+        dst = np.concatenate([(np.arange(12) + 1) % 12, rng.integers(0, 15, 20), [3, 5]])
+        keep = (src != 15) & (dst != 15)
+        return Forest.from_edges(src[keep], dst[keep], num_nodes=16)
     if cell.structure.shares_children:
         return Forest.random_dag(24, rng=0, max_children=cell.arity or 3)
     return Forest.random(4, rng=0, binary=cell.arity == 2, max_children=cell.arity or 3, max_nodes=13)
 
 
 def _forest_tensors(forest: Any) -> dict[str, np.ndarray]:
-    if forest.is_tree:
+    if forest.is_tree and forest.cycle is None:
         return {"parents": forest.parents.astype(np.int32)}
     return {"children_ptr": forest.child_ptr.astype(np.int32), "children": forest.child_idx.astype(np.int32)}
 
@@ -283,13 +288,14 @@ def _test_data(cell: Cell, params: Mapping[str, np.ndarray]) -> tuple[dict[str, 
         files[path] = tensors
         cases.append(BadCase(name, path, "params.safetensors", "test/bad.out.safetensors", message))
 
-    cycle_ptr = np.array([0, 1, 2, 2], np.int64)
-    cycle_idx = np.array([1, 0], np.int64)
-    bad(
-        "cycle",
-        {"children_ptr": cycle_ptr.astype(np.int32), "children": cycle_idx.astype(np.int32), **_rows(inputs, 3)},
-        lambda: Forest(cycle_ptr, cycle_idx),
-    )
+    if cell.steps is None:  # a graph cell takes cycles
+        cycle_ptr = np.array([0, 1, 2, 2], np.int64)
+        cycle_idx = np.array([1, 0], np.int64)
+        bad(
+            "cycle",
+            {"children_ptr": cycle_ptr.astype(np.int32), "children": cycle_idx.astype(np.int32), **_rows(inputs, 3)},
+            lambda: Forest(cycle_ptr, cycle_idx),
+        )
     parents = np.array([-1, 0, 0, 5, 1], np.int32)
     bad("parent_range", {"parents": parents, **_rows(inputs, 5)}, lambda: Forest.from_parents(parents))
     if not cell.structure.shares_children:

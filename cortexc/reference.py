@@ -49,9 +49,12 @@ def _input_row(lin: Linearized, index: int) -> int:
     return index % lin.step_nodes if lin.step_nodes else index
 
 
-def _prev(lin: Linearized, index: int) -> int:
-    """A graph cell's node after step 0: its row one step earlier (`runtime.graph`); -1 elsewhere."""
-    return index - lin.step_nodes if lin.step_nodes and index >= lin.step_nodes else -1
+def _prev(lin: Linearized, position: int, index: int) -> int:
+    """A graph cell's node after step 0: its row one step earlier (`runtime.graph`, modulo the states' rows
+    of a double-buffered inference); -1 elsewhere."""
+    if not lin.step_nodes or position < lin.num_leaves:
+        return -1
+    return (index - lin.step_nodes) % lin.state_rows
 
 
 def _hoisted(cell: Cell, node: interp.NodeView) -> dict[str, np.ndarray]:
@@ -79,14 +82,14 @@ def run_linearized(
     `progress(k)`, when given, is told every `PROGRESS_EVERY` nodes (and at the end) that k more nodes
     are done: the interpreter is slow (minutes on SST train), and the CLI shows how far it is."""
     n = lin.num_nodes
-    states: dict[str, np.ndarray] = {s.name: np.zeros((n, *s.shape), dtype) for s in cell.states}
+    states: dict[str, np.ndarray] = {s.name: np.zeros((lin.state_rows, *s.shape), dtype) for s in cell.states}
     for position in range(n):
         if progress is not None and position and position % PROGRESS_EVERY == 0:
             progress(PROGRESS_EVERY)
         index = int(lin.level_order[position])
         children = _children(lin, position)
         body = cell.leaf if cell.leaf is not None and position < lin.num_leaves else cell.node
-        edges, prev, row = _edges(lin, position), _prev(lin, index), _input_row(lin, index)
+        edges, prev, row = _edges(lin, position), _prev(lin, position, index), _input_row(lin, index)
         node = interp.NodeView(index, children, states, inputs, params, dtype, dropout, edges, prev, row)
         if body is cell.node:
             node.hoisted = _hoisted(cell, node)
@@ -194,7 +197,7 @@ def backward_linearized(
         children = _children(lin, position)
         leaf = position < lin.num_leaves  # level 0 (a graph cell's step 0 too, whatever its edges)
         body, grad_body = (leaf_body, grad_bodies.leaf) if leaf else (cell.node, grad_bodies.node)
-        edges, prev, row = _edges(lin, position), _prev(lin, index), _input_row(lin, index)
+        edges, prev, row = _edges(lin, position), _prev(lin, position, index), _input_row(lin, index)
         node = interp.NodeView(index, children, states, inputs, params, dtype, dropout, edges, prev, row)
         if not leaf:
             node.hoisted = _hoisted(cell, node)
@@ -227,7 +230,7 @@ def run(
     checked_params = check_params(cell, params, dtype=dtype)
     lin = linearize_for(cell.signature(), forest)
     out = run_linearized(cell, lin, checked_params, checked, dtype, progress=progress, dropout=dropout)
-    return last_step(cell.signature(), out, forest.num_nodes) if cell.steps is not None else out
+    return last_step(cell.signature(), out, lin) if cell.steps is not None else out
 
 
 def backward(

@@ -44,6 +44,12 @@ def input_row(cell: Cell, node: str) -> str:
     return f"({node} % call->step_nodes)" if cell.steps is not None else node
 
 
+def prev_row(node: str) -> str:
+    """The state row of node `node` (C text) one step earlier: the unrolled steps' row N before, modulo the
+    rows the states have (every step's, or a graph inference's two, used in turn: `runtime.graph`)."""
+    return f"(({node} + call->state_rows - call->step_nodes) % call->state_rows)"
+
+
 def param_symbol(name: str) -> str:
     return f"P_{name}"
 
@@ -158,7 +164,7 @@ class _Element:
         elif row == "edge":  # rows of an edge input are in the kernels' child-edge order (`edge_order`)
             at = f"(e0 + {self.row})"
         elif row == "prev":  # a graph cell's unrolled steps: the node one step earlier (`runtime.graph`)
-            at = f"(nd[{self.row}] - call->step_nodes)"
+            at = prev_row(f"nd[{self.row}]")
         else:  # kid<k>: child k of this node
             at = f"{row}[{self.row}]"
         return f"{_ARRAYS[array](name)}[{at} * {width} + {self.col}]"

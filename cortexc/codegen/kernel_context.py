@@ -15,6 +15,7 @@ from cortexc.codegen.exprs import (
     input_symbol,
     output_symbol,
     param_symbol,
+    prev_row,
     saved_symbol,
     state_symbol,
 )
@@ -247,7 +248,7 @@ def _store_destination(exprs: KernelExprs, step: Store) -> str:
         StoreTarget.D_STATE: (gradient_symbol("state", step.name), "nd[i]"),
         StoreTarget.D_CHILD: (gradient_symbol("state", step.name), "ch[i]"),
         StoreTarget.D_CHILD_AT: (gradient_symbol("state", step.name), f"kid{step.k}[i]"),
-        StoreTarget.D_PREV: (gradient_symbol("state", step.name), "(nd[i] - call->step_nodes)"),
+        StoreTarget.D_PREV: (gradient_symbol("state", step.name), prev_row("nd[i]")),
         StoreTarget.D_HOISTED: (gradient_symbol("pre", step.name), "(pre_base + i)"),
         StoreTarget.D_INPUT: (gradient_symbol("input", step.name), input_row(exprs.cell, "nd[i]")),
         StoreTarget.D_EDGE_INPUT: (gradient_symbol("input", step.name), "(e0 + i)"),

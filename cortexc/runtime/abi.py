@@ -71,7 +71,8 @@ CALL_FIELDS: tuple[Field, ...] = (
     Field(
         "direct", "int64_t", "an inference's node kernel: 0 by the level widths (cx_direct), 1 hoisted, 2 direct (C)"
     ),
-    Field("step_nodes", "int64_t", "a graph cell's nodes per unrolled step (prev of node n: n - step_nodes), else 0"),
+    Field("step_nodes", "int64_t", "a graph cell's nodes per unrolled step, else 0"),
+    Field("state_rows", "int64_t", "the states' rows node ids address: N, or 2 steps' (a graph cell's inference)"),
 )
 
 #: `cx_grad`: the gradient arrays of a backward call

@@ -5,8 +5,9 @@ and then, T times, every node from its in-neighbours' states one step earlier (`
 (`prev.s`). Unrolled, step t is one level of ``N`` nodes: node ``v`` of step ``t`` is row ``t * N + v``, its
 children are its in-neighbours' rows of step ``t - 1`` (edges in the graph's order), and its `prev` row is
 ``t * N + v - N`` (`Linearized.step_nodes`), so the levels, kernels and executors of acyclic cells run it in
-one call with no Python per step. The states of every step are kept ((T + 1) * N rows): the backward reads
-them, and the whole recursion is one call.
+one call with no Python per step. A forward a backward follows keeps the states of every step ((T + 1) * N
+rows: the backward reads them); an inference's steps take two blocks of N rows in turn (2 * N rows whatever
+T: `Linearized.state_rows`; the kernels read `prev` modulo the rows).
 
 The caller's view is the graph's: node inputs ``[N, ...]`` (every step of node v reads row v: the kernels
 read row ``n % step_nodes``, `codegen.exprs.input_row`, and add its gradients there), edge inputs ``[E, ...]``
@@ -28,25 +29,34 @@ from cortexc.runtime.linearize import Linearized
 from cortexc.runtime.signature import CellSignature
 
 
-def linearize_steps(forest: Forest, steps: int) -> Linearized:
-    """The unrolled linearization of a graph for `steps` steps after step 0 (kept on the forest)."""
-    key = f"linearized_steps/{steps}"
+def linearize_steps(forest: Forest, steps: int, every_step: bool = True) -> Linearized:
+    """The unrolled linearization of a graph for `steps` steps after step 0 (kept on the forest).
+
+    ``every_step``: step t's nodes are rows t * N + v, every step's states kept (a backward reads them).
+    Without it (an inference) the steps use two blocks of N rows in turn, step t block t % 2 (the states
+    double-buffered: 2 N rows whatever T, `Linearized.state_rows`); positions, edges and the hoisted rows
+    stay one per step."""
+    every_step = every_step or steps < 2
+    key = f"linearized_steps/{steps}/{'every' if every_step else 'two'}"
     cached = forest.derived.get(key)
     if cached is None:
         n = forest.num_nodes
         child_idx = np.asarray(forest.child_idx, dtype=np.int64)
         counts = np.concatenate([np.zeros(n, dtype=np.int64), np.tile(np.asarray(forest.num_children), steps)])
-        shifts = np.repeat(np.arange(steps, dtype=np.int64) * n, child_idx.size)
+        step = np.arange(steps + 1, dtype=np.int64)
+        block = step if every_step else step % 2  # where step t's states are, in blocks of n rows
+        shifts = np.repeat(block[:-1] * n, child_idx.size)  # step t reads step t - 1's rows
         cached = Linearized(
             num_nodes=(steps + 1) * n,
             num_levels=steps + 1,
             max_children=int(forest.max_children),
-            level_order=_readonly(np.arange((steps + 1) * n, dtype=np.int64)),
+            level_order=_readonly(np.repeat(block * n, n) + np.tile(np.arange(n, dtype=np.int64), steps + 1)),
             level_ptr=_readonly(np.arange(steps + 2, dtype=np.int64) * n),
             edge_ptr=_readonly(counts_to_ptr(counts)),
             edge_child=_readonly(np.tile(child_idx, steps) + shifts),
-            roots=_readonly(np.arange(steps * n, (steps + 1) * n, dtype=np.int64)),
+            roots=_readonly(np.arange(n, dtype=np.int64) + block[-1] * n),
             step_nodes=n,
+            state_rows=(steps + 1 if every_step else 2) * n,
         )
         cached.addresses  # noqa: B018  # read once here, not per call
         forest.derived[key] = cached
@@ -64,11 +74,12 @@ def edge_order_steps(forest: Forest, steps: int) -> np.ndarray:
     return cached
 
 
-def last_step(signature: CellSignature, out: dict[str, Any], num_nodes: int) -> dict[str, Any]:
-    """The states after the last step, copies (the caller then holds N rows, not all the steps': a backward
-    reads the executor's own); the outputs are read there already (they run on the roots)."""
+def last_step(signature: CellSignature, out: dict[str, Any], lin: Linearized) -> dict[str, Any]:
+    """The states after the last step (the unrolled roots' rows, one block), copies (the caller then holds N
+    rows, not every step's: a backward reads the executor's own); the outputs are read there already."""
+    first = int(lin.roots[0]) if len(lin.roots) else 0
     for state in signature.states:
-        out[state.name] = out[state.name][len(out[state.name]) - num_nodes :].copy()
+        out[state.name] = out[state.name][first : first + len(lin.roots)].copy()
     return out
 
 

@@ -33,6 +33,11 @@ class Linearized:
     edge_child: np.ndarray  # int64 [E]
     roots: np.ndarray  # int64 [num_roots]
     step_nodes: int = 0  # a graph cell's unrolled steps: the nodes of one step (`prev` of node n is n - step_nodes)
+    state_rows: int = 0  # the states' rows the node ids address (0: num_nodes; a graph inference's steps: 2 N)
+
+    def __post_init__(self) -> None:
+        if not self.state_rows:
+            object.__setattr__(self, "state_rows", self.num_nodes)
 
     @property
     def num_leaves(self) -> int:

@@ -177,10 +177,12 @@ class CellModel:
         check_forest(self.signature, forest)
         checked = to_kernel_order(self.signature, forest, check_inputs(self.signature, forest, inputs))
         executor = self._executor_for_device()
-        lin = linearize_for(self.signature, forest)
+        # a graph cell's inference double-buffers its steps' states (not in training mode: the dropout masks of
+        # its init and outputs are by the node rows of every step kept, as when a backward follows)
+        lin = linearize_for(self.signature, forest, every_step=grad or dropout.train)
         out, kept = executor.forward(lin, checked, keep=grad, host=host, dropout=dropout)
         if self.signature.structure.steps:  # a graph cell: the states after the last step
-            out = last_step(self.signature, dict(out), forest.num_nodes)
+            out = last_step(self.signature, dict(out), lin)
             kept = (lin, kept)
         result = Outputs(out)
         result.dropout_seed = dropout.seed if dropout.train else None

@@ -63,9 +63,9 @@ def linearize_down(forest: Forest) -> Linearized:
     return cached
 
 
-def linearize_for(signature: CellSignature, forest: Forest) -> Linearized:
+def linearize_for(signature: CellSignature, forest: Forest, every_step: bool = True) -> Linearized:
     """What a cell runs on: the forest's linearization, for a `down` cell its reversed one, for a graph cell
-    its unrolled steps (`runtime.graph`)."""
+    its unrolled steps (`runtime.graph`; without `every_step`, an inference's double-buffered ones)."""
     if signature.structure.steps:
-        return linearize_steps(forest, signature.structure.steps)
+        return linearize_steps(forest, signature.structure.steps, every_step)
     return linearize_down(forest) if signature.structure.down else linearize(forest)

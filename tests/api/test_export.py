@@ -251,6 +251,34 @@ def test_run_matches_python_on_dags(exported, rng):
         _compare(exp, forest, random_inputs(exp.cls.signature, forest, rng))
 
 
+@pytest.fixture(scope="module")
+def exported_graph(tmp_path_factory):
+    """A graph cell (examples/graphs/ggnn_distance.cell, 3 steps) exported: its steps unrolled in C."""
+    path = EXAMPLES / "graphs" / "ggnn_distance.cell"
+    return Exported(tmp_path_factory.mktemp("graph"), "ggnn_distance", {"H": 8, "T": 3}, path=path)
+
+
+def test_run_matches_python_on_graphs_with_cycles(exported_graph, rng):
+    """The exported C unrolls a graph cell's steps (double-buffered, as runtime/graph.py for an inference):
+    on graphs with cycles, self-loops, repeated edges and isolated nodes it agrees with device="cpu" and
+    the interpreter; states after the last step and outputs per node."""
+    from tests.helpers import random_graph
+
+    for nodes in (4, 9, 40):
+        graph = random_graph(nodes, nodes, rng)
+        assert graph.cycle is not None
+        _compare(exported_graph, graph, random_inputs(exported_graph.cls.signature, graph, rng), as_csr=True)
+    chain = Forest.from_parents([-1, 0, 1])  # a tree is a graph too (given as parents)
+    _compare(exported_graph, chain, random_inputs(exported_graph.cls.signature, chain, rng))
+
+
+@pytest.mark.slow
+def test_make_test_passes_for_an_exported_graph_cell(exported_graph):
+    result = subprocess.run(["make", "-s", "-C", str(exported_graph.dir), "test"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "all passed" in result.stdout and "FAIL" not in result.stdout
+
+
 @pytest.mark.slow
 def test_run_matches_python_on_child_sum_trees_and_mvrnn(exported, rng):
     for example in ("treelstm", "mvrnn"):

@@ -5929,7 +5929,8 @@ typedef struct {
     int64_t hoisted_first;              /* the internal node (position - level_ptr[1]) of hoisted row 0 (0 but in C) */
     float *const *saved;                /* NULL, or per saved array (JSON "saved") its [N, width] rows: a training forward */
     int64_t direct;                     /* an inference's node kernel: 0 by the level widths (cx_direct), 1 hoisted, 2 direct (C) */
-    int64_t step_nodes;                 /* a graph cell's nodes per unrolled step (prev of node n: n - step_nodes), else 0 */
+    int64_t step_nodes;                 /* a graph cell's nodes per unrolled step, else 0 */
+    int64_t state_rows;                 /* the states' rows node ids address: N, or 2 steps' (a graph cell's inference) */
 } cx_call;
 
 /* Gradient arrays of a backward call. */

@@ -686,3 +686,41 @@ def test_one_and_two_threads_give_the_same_bits(tmp_path):
 def test_graph_cells_compile_with_nvcc_without_spills(tmp_path):
     module = cortexc.load(EXAMPLES / "ggnn.cell", out_dir=tmp_path / "ggnn")
     assert_packages_compile_with_nvcc_without_spills([module])
+
+
+# --------------------------------------------------------------------------- double-buffered inference
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_inference_double_buffers_the_steps_and_gives_the_same_bits(build, rng, device):
+    """Without a backward to follow, the steps' states take two blocks of N rows in turn (`state_rows` 2 N
+    at T = 5, against 6 N kept for a backward); the results are bitwise those of the every-step layout, and
+    the model's inference (which uses it) agrees with the interpreter's."""
+    from cortexc.runtime.edges import to_kernel_order
+    from cortexc.runtime.graph import last_step, linearize_steps
+    from cortexc.runtime.validate import check_inputs
+
+    module = build("weighted", 5)  # reads x at every step (a hoisted product) and an edge input
+    model = _model(module, "Weighted", device, rng)
+    forest, src, dst = _random_graph(rng, 25)
+    inputs = {
+        k: v[_forest_edge_order(forest, src, dst)] if k == "w" else v
+        for k, v in _our_inputs(model, 25, len(src), rng).items()
+    }
+    sig = model.signature
+    checked = to_kernel_order(sig, forest, check_inputs(sig, forest, inputs))
+    executor = model._executor_for_device()
+    every, two = linearize_steps(forest, 5, True), linearize_steps(forest, 5, False)
+    assert (every.state_rows, two.state_rows) == (6 * 25, 2 * 25)
+    results = []
+    for lin in (every, two):
+        out, _ = executor.forward(lin, checked)
+        assert out["h"].shape[0] == lin.state_rows
+        results.append(last_step(sig, dict(out), lin))
+    for name in results[0]:
+        assert np.array_equal(results[0][name], results[1][name]), name
+    inferred = model(forest, **inputs)
+    expected = module.Weighted(device="interp", seed=0)
+    expected.load_params(model.params)
+    for name, value in expected(forest, **inputs).items():
+        assert relative_error(inferred[name], value) < 1e-5, name

@@ -54,7 +54,7 @@ def test_the_saving_gradient_body_computes_what_the_recomputing_one_does(path, r
         children = reference._children(lin, position)
         leaf = position < lin.num_leaves
         forward = cell.leaf if leaf else cell.node
-        edges, prev = reference._edges(lin, position), reference._prev(lin, index)
+        edges, prev = reference._edges(lin, position), reference._prev(lin, position, index)
         row = reference._input_row(lin, index)
         node = interp.NodeView(
             index, children, states, inputs, params, np.float64, edges=edges, prev=prev, input_row=row

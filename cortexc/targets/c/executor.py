@@ -309,6 +309,7 @@ class CpuExecutor:
             hoisted_rows=min((len(array) for array in hoisted), default=0),
             direct=self.direct,
             step_nodes=lin.step_nodes,
+            state_rows=lin.state_rows,
         )
         tables = [params_table, packed_table, inputs_table, states_table, hoisted_table, outputs_table]
         if folded is not None:  # else NULL: every GEMM runs
@@ -438,7 +439,7 @@ class CpuExecutor:
             fresh = fresh_arrays([(n, *shape) for shape in state_shapes] + output_shapes)
             copies_of_states, outputs = fresh[: len(state_shapes)], fresh[len(state_shapes) :]
         else:  # the caller's: the states and the outputs, from one fresh buffer
-            arrays = state_arrays(n, state_shapes, output_shapes)
+            arrays = state_arrays(lin.state_rows, state_shapes, output_shapes)  # a graph inference's: 2 steps
             states, outputs = arrays[: len(state_shapes)], arrays[len(state_shapes) :]
         if windowed or kept is None:  # this thread's scratch, reused by its next call: a backward gets none
             rows = self.hoisted_window_rows(lin)
@@ -464,7 +465,8 @@ class CpuExecutor:
         self.run_forward(lin, params, input_arrays, states, hoisted, outputs, packed, dropout, folded, activations)
         for copy, state in zip(copies_of_states, states):
             np.copyto(copy, state[:n])
-        result = {name: state[:n] for name, state in zip(abi.states, copies_of_states or states)}
+        rows = lin.state_rows  # n but in a graph cell's inference (its two steps' rows)
+        result = {name: state[:rows] for name, state in zip(abi.states, copies_of_states or states)}
         result.update(zip(abi.outputs, outputs))
         if kept is None:
             return result, None

@@ -370,7 +370,8 @@ class DeviceExecutor:
         uploads |= {f"input/{name}": np.ascontiguousarray(inputs[name]) for name in abi.inputs}
         shapes: dict[str, tuple[int, ...]] = {}
         for name, state in zip(abi.states, self.spec.signature.states):
-            shapes[f"state/{name}"] = (n + 1, *state.shape)  # row n: zeros, what a missing child reads
+            # row n: zeros, what a missing child reads (a graph cell's inference: its two steps' rows, then that)
+            shapes[f"state/{name}"] = (lin.state_rows + 1, *state.shape)
         for name, out in zip(abi.outputs, self.spec.signature.outputs):
             shapes[f"output/{name}"] = (len(lin.roots) if out.at_root else n, *out.shape)
         internal = max(n - lin.num_leaves, 1)
@@ -402,6 +403,7 @@ class DeviceExecutor:
                 max_children=lin.max_children,
                 num_roots=len(lin.roots),
                 step_nodes=lin.step_nodes,
+                state_rows=lin.state_rows,
                 **{field: at(field) for field in uploads if "/" not in field},
                 **{table: at(f"table/{table}") for table in counts},
                 dropout_seed=dropout.seed,  # the backward reuses this call: it replays the masks
@@ -419,7 +421,7 @@ class DeviceExecutor:
 
             # a state's first n rows (row n is the zero row missing children read)
             result_shapes = {
-                key: (n, *shape[1:]) if key.startswith("state/") else shape
+                key: (lin.state_rows, *shape[1:]) if key.startswith("state/") else shape
                 for key, shape in shapes.items()
                 if not key.startswith("hoisted/")
             }
@@ -557,6 +559,7 @@ class DeviceExecutor:
                 max_children=lin.max_children,
                 num_roots=len(lin.roots),
                 step_nodes=lin.step_nodes,
+                state_rows=lin.state_rows,
                 **{field: base + layout.offsets[field] for field in uploads},
                 **{t: base + layout.offsets[f"table/{t}"] for t in ("params", "packed", *CALL_TABLES)},
                 dropout_seed=dropout.seed,
