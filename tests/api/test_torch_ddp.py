@@ -116,6 +116,15 @@ def _run_ranks(script: str, argv, results_dir) -> list:
     return results
 
 
+def _step_with_averaged_gradients(reference, optimizer, grads: list[dict], history: dict) -> None:
+    """One process's step with the two shards' gradients averaged: the params must equal the ranks' own."""
+    for name, p in reference.named_parameters():
+        p.grad = (grads[0][name] + grads[1][name]) / 2
+    optimizer.step()
+    for name, value in reference.state_dict().items():
+        np.testing.assert_allclose(history[name], value.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 @pytest.mark.parametrize(
     ("sparse", "optim", "nested"), [(False, "SGD", False), (True, "SGD", False), (True, "Adagrad", True)]
 )
@@ -156,11 +165,7 @@ def test_ddp_on_two_gloo_ranks_matches_one_process_with_averaged_gradients(rng, 
             logits = reference(forest, word=torch.as_tensor(word))["logits"]
             torch.nn.functional.cross_entropy(logits[torch.tensor(forest.roots)], torch.tensor(labels)).backward()
             grads.append({k: p.grad.clone() for k, p in reference.named_parameters()})
-        for name, p in reference.named_parameters():
-            p.grad = (grads[0][name] + grads[1][name]) / 2
-        optimizer.step()
-        for name, value in reference.state_dict().items():
-            np.testing.assert_allclose(histories[0][step][name], value.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+        _step_with_averaged_gradients(reference, optimizer, grads, histories[0][step])
 
 
 def test_a_sparse_module_in_a_compiled_graph_on_several_ranks_runs_eagerly_or_is_refused(rng, monkeypatch):
@@ -356,8 +361,4 @@ def test_ddp_trains_a_graph_cell_like_one_process_with_averaged_gradients(rng, t
             logits = reference(graph, x=torch.as_tensor(x), rel=torch.as_tensor(rel))["logits"]
             torch.nn.functional.cross_entropy(logits, torch.as_tensor(labels)).backward()
             grads.append({k: p.grad.clone() for k, p in reference.named_parameters()})
-        for name, p in reference.named_parameters():
-            p.grad = (grads[0][name] + grads[1][name]) / 2
-        optimizer.step()
-        for name, value in reference.state_dict().items():
-            np.testing.assert_allclose(histories[0][step][name], value.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+        _step_with_averaged_gradients(reference, optimizer, grads, histories[0][step])

@@ -12,27 +12,11 @@ import cortexc
 from cortexc import Forest
 from cortexc.errors import ForestError, InputError
 from tests.helpers import EXAMPLES, random_graph, relative_error, shuffled_ids
+from tests.language.test_edge_inputs import TYPED_DAG
 
 torch = pytest.importorskip("torch")
 
 from cortexc.torch import CellModule, ForestBatch  # noqa: E402
-
-TYPED_DAG = """
-cell TypedDag on dag {
-    dim X = 4, H = 5, D = 3, R = 3
-    input x[X]
-    input w[D] on edge
-    input rel : index[R] on edge
-    param W[4*H, X], U[R, 4*H, H], V[4*H, D], b[4*H]
-    state h[H], c[H]
-    node {
-        g = W @ x + sum(U[edge.rel] @ child.h + V @ edge.w) + b
-        f = sigmoid(g[H:2*H])
-        c = sigmoid(g[0:H]) * tanh(g[2*H:3*H]) + f * sum(child.c)
-        h = sigmoid(g[3*H:4*H]) * tanh(c)
-    }
-}
-"""
 
 
 @pytest.fixture(scope="module")
