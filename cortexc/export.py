@@ -112,6 +112,7 @@ def cell_context(cell: Cell, program: Program, fold: bool = True) -> dict[str, A
                 "width": _width(i.shape),
                 "index_range": i.index_range,
                 "shape_text": _shape_text(i.shape),
+                "on_edge": i.on_edge,
             }
             for i in cell.inputs
         ],
@@ -159,12 +160,6 @@ def export(
     for cell in cells:
         if cell.down:  # the exported C linearizes bottom up only so far
             raise CortexcError(f"cell {cell.name} is a down cell: cortexc export does not take them yet")
-        on_edge = [i.name for i in cell.inputs if i.on_edge]
-        if on_edge:  # the exported C takes node rows only so far
-            raise CortexcError(
-                f"cell {cell.name} has edge inputs ({', '.join(on_edge)}): cortexc export does not take them yet; "
-                "run it through cortexc.load"
-            )
     params = _params(cells, params_file)
     env = environment()
     text_files: dict[str, str] = {}
@@ -261,10 +256,19 @@ def _test_data(cell: Cell, params: Mapping[str, np.ndarray]) -> tuple[dict[str, 
     forest = _test_forest(cell)
     inputs = {}
     for decl in cell.inputs:
+        rows = forest.num_edges if decl.on_edge else forest.num_nodes
         if decl.is_index:
-            inputs[decl.name] = rng.integers(0, decl.index_range, forest.num_nodes).astype(np.int32)
+            inputs[decl.name] = rng.integers(0, decl.index_range, rows).astype(np.int32)
         else:
-            inputs[decl.name] = rng.standard_normal((forest.num_nodes, *decl.shape)).astype(np.float32)
+            inputs[decl.name] = rng.standard_normal((rows, *decl.shape)).astype(np.float32)
+    on_edge = {decl.name for decl in cell.inputs if decl.on_edge}
+
+    def _rows(inputs: Mapping[str, np.ndarray], n: int, edges: int) -> dict[str, np.ndarray]:
+        """n rows of every node input and `edges` of every edge input (the test's rows, repeated as needed)."""
+        return {
+            name: np.ascontiguousarray(value[np.arange(edges if name in on_edge else n) % max(len(value), 1)])
+            for name, value in inputs.items()
+        }
     expected = reference.run(cell, forest, params, inputs)
     files = {
         f"test/{cell.name}.inputs.safetensors": {**_forest_tensors(forest), **inputs},
@@ -293,30 +297,30 @@ def _test_data(cell: Cell, params: Mapping[str, np.ndarray]) -> tuple[dict[str, 
         cycle_idx = np.array([1, 0], np.int64)
         bad(
             "cycle",
-            {"children_ptr": cycle_ptr.astype(np.int32), "children": cycle_idx.astype(np.int32), **_rows(inputs, 3)},
+            {"children_ptr": cycle_ptr.astype(np.int32), "children": cycle_idx.astype(np.int32), **_rows(inputs, 3, 2)},
             lambda: Forest(cycle_ptr, cycle_idx),
         )
     parents = np.array([-1, 0, 0, 5, 1], np.int32)
-    bad("parent_range", {"parents": parents, **_rows(inputs, 5)}, lambda: Forest.from_parents(parents))
+    bad("parent_range", {"parents": parents, **_rows(inputs, 5, 4)}, lambda: Forest.from_parents(parents))
     if not cell.structure.shares_children:
         ptr, idx = np.array([0, 0, 1, 2], np.int64), np.array([0, 0], np.int64)
         bad(
             "two_parents",
-            {"children_ptr": ptr.astype(np.int32), "children": idx.astype(np.int32), **_rows(inputs, 3)},
+            {"children_ptr": ptr.astype(np.int32), "children": idx.astype(np.int32), **_rows(inputs, 3, 2)},
             lambda: Forest(ptr, idx),
         )
     if cell.arity is not None:
         wide = np.array([-1] + [0] * (cell.arity + 1), np.int32)
-        bad("arity", {"parents": wide, **_rows(inputs, wide.size)}, lambda: Forest.from_parents(wide))
+        bad("arity", {"parents": wide, **_rows(inputs, wide.size, wide.size - 1)}, lambda: Forest.from_parents(wide))
     chain = np.array([-1, 0, 1], np.int32)
-    for decl in cell.inputs:
+    for decl in cell.inputs:  # the chain: 3 nodes, 2 edges
         if decl.is_index:
-            rows = _rows(inputs, 3)
-            rows[decl.name] = np.array([0, decl.index_range, 0], np.int32)
+            rows = _rows(inputs, 3, 2)
+            rows[decl.name] = np.array([0, decl.index_range, 0][: len(rows[decl.name])], np.int32)
             bad(f"{decl.name}_range", {"parents": chain, **rows}, lambda: Forest.from_parents(chain))
         else:
-            rows = _rows(inputs, 3)
-            rows[decl.name] = rows[decl.name][:2]
+            rows = _rows(inputs, 3, 2)
+            rows[decl.name] = rows[decl.name][:-1]
             bad(f"{decl.name}_rows", {"parents": chain, **rows}, lambda: Forest.from_parents(chain))
     prefix = f"test/{cell.name}"
     cases.append(
@@ -347,11 +351,6 @@ def _test_data(cell: Cell, params: Mapping[str, np.ndarray]) -> tuple[dict[str, 
         )
     )
     return files, cases
-
-
-def _rows(inputs: Mapping[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
-    """n rows of every input (the test forest's rows, repeated as needed)."""
-    return {name: np.ascontiguousarray(value[np.arange(n) % len(value)]) for name, value in inputs.items()}
 
 
 def _write_directory(

@@ -272,6 +272,33 @@ def test_run_matches_python_on_graphs_with_cycles(exported_graph, rng):
     _compare(exported_graph, chain, random_inputs(exported_graph.cls.signature, chain, rng))
 
 
+def test_run_matches_python_with_edge_inputs(tmp_path, rng):
+    """Edge inputs (an index `rel` choosing a matrix per edge, a float `w` per edge) given in the forest's edge
+    order: the exported C puts them in its kernels' order, on shuffled-id DAGs (CSR) and trees (parents), and
+    on a graph cell (the GGNN of examples/ggnn.cell, each edge read once per step)."""
+    from tests.helpers import random_graph, shuffled_ids
+    from tests.language.test_edge_inputs import TYPED_DAG
+
+    path = tmp_path / "typed.cell"
+    path.write_text(TYPED_DAG, encoding="utf-8")
+    typed = Exported(tmp_path / "typed", "typed", {}, path=path)
+    for nodes in (1, 15, 60):
+        forest = shuffled_ids(Forest.random_dag(nodes, rng=rng, max_children=3, max_parents=3), rng)
+        _compare(typed, forest, random_inputs(typed.cls.signature, forest, rng))
+    tree = Forest.random(4, rng=rng, max_children=3, max_nodes=10)
+    _compare(typed, tree, random_inputs(typed.cls.signature, tree, rng))
+    ggnn = Exported(tmp_path / "ggnn", "ggnn", {"X": 4, "H": 6, "T": 3})
+    for nodes in (4, 30):
+        graph = random_graph(nodes, nodes, rng)
+        _compare(ggnn, graph, random_inputs(ggnn.cls.signature, graph, rng), as_csr=True)
+    bad = random_inputs(ggnn.cls.signature, graph, rng)
+    bad["rel"][5] = 3
+    result, _ = ggnn.run({**_forest_tensors(graph, True), **bad})
+    edge = f"edge 5 (node {int(graph.edge_child[5])} -> node {int(graph.edge_parent[5])})"
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith(f"GGNN_run: input rel: {edge} has index 3"), result.stderr
+
+
 @pytest.mark.slow
 def test_make_test_passes_for_an_exported_graph_cell(exported_graph):
     result = subprocess.run(["make", "-s", "-C", str(exported_graph.dir), "test"], capture_output=True, text=True)

@@ -14,7 +14,7 @@ import pytest
 
 import cortexc
 from cortexc import Forest
-from cortexc.errors import CellTypeError, CortexcError, InputError
+from cortexc.errors import CellTypeError, InputError
 from cortexc.frontend import lower_source
 from tests.helpers import (
     assert_packages_compile_with_nvcc_without_spills,
@@ -198,18 +198,6 @@ def test_bad_edge_inputs_are_typed_errors_naming_the_edge(modules, rng):
         model(forest, **dict(good, rel=np.array([0, 7], np.int32)))
     with pytest.raises(InputError, match="must be integers"):
         model(forest, **dict(good, rel=np.zeros(2, np.float32)))
-
-
-def test_unsupported_paths_say_so(modules, tmp_path):
-    """Export does not take edge inputs yet: a typed error, never wrong numbers (cortexc.torch does:
-    tests/api/test_torch_edges_graphs.py)."""
-    from cortexc.export import export
-
-    cell_file = tmp_path / "typed.cell"
-    cell_file.write_text(TYPED_DAG, encoding="utf-8")
-    with pytest.raises(CortexcError, match="cortexc export does not take them yet"):
-        export(cell_file, tmp_path / "exported")
-    assert not (tmp_path / "exported").exists()
 
 
 ERRORS = [
