@@ -269,6 +269,7 @@ def _test_data(cell: Cell, params: Mapping[str, np.ndarray]) -> tuple[dict[str, 
             name: np.ascontiguousarray(value[np.arange(edges if name in on_edge else n) % max(len(value), 1)])
             for name, value in inputs.items()
         }
+
     expected = reference.run(cell, forest, params, inputs)
     files = {
         f"test/{cell.name}.inputs.safetensors": {**_forest_tensors(forest), **inputs},
