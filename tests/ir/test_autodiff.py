@@ -223,6 +223,7 @@ EXAMPLE_CASES = {
     "rntn.cell": ({"V": 6, "H": 3, "C": 5}, "binary"),
     "tbcnn.cell": ({"X": 4, "H": 3}, "tree"),
     "ggnn.cell": ({"X": 4, "H": 3, "R": 2, "T": 2, "C": 2}, "graph"),
+    "typed_daglstm.cell": ({"X": 4, "H": 3, "R": 2, "D": 2}, "dag"),
 }
 
 

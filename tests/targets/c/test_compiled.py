@@ -232,6 +232,7 @@ EXAMPLE_DIMS = {
     "rntn": dict(V=64, H=8),
     "tbcnn": dict(X=16, H=12),
     "ggnn": dict(X=16, H=12),
+    "typed_daglstm": dict(X=16, H=12),
 }
 
 

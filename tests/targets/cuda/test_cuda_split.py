@@ -90,9 +90,9 @@ def test_the_leaf_kernel_splits_with_the_node_kernels_period():
     a leaf kernel whose period differs from the node kernel's stays whole."""
     for path in sorted(EXAMPLES.glob("*.cell")):
         program = split_columns(schedule(cortexc.compile_file(path)[0]))
-        # a score w_a @ tanh(W_a @ child.h), the RNTN's (T @ hc) @ hc, or the GGNN's message m (the operand of
-        # W_z @ m), needs a GEMM result whole
-        if path.stem in ("attn_treelstm", "rntn", "ggnn"):
+        # a score w_a @ tanh(W_a @ child.h), the RNTN's (T @ hc) @ hc, the GGNN's message m (the operand of
+        # W_z @ m), or a relation's rows chosen from all R products (U[edge.rel] @ child.h), needs a GEMM result whole
+        if path.stem in ("attn_treelstm", "rntn", "ggnn", "typed_daglstm"):
             assert why_not(program.kernel("node")).startswith("the GEMM result")
             assert program.kernel("node").split is None and program.kernel("leaf").split is None
             continue
