@@ -25,7 +25,7 @@ import numpy as np
 
 from cortexc.runtime.csr import counts_to_ptr
 from cortexc.runtime.forest import Forest
-from cortexc.runtime.linearize import Linearized
+from cortexc.runtime.linearize import Linearized, readonly
 from cortexc.runtime.signature import CellSignature
 
 
@@ -50,11 +50,11 @@ def linearize_steps(forest: Forest, steps: int, every_step: bool = True) -> Line
             num_nodes=(steps + 1) * n,
             num_levels=steps + 1,
             max_children=int(forest.max_children),
-            level_order=_readonly(np.repeat(block * n, n) + np.tile(np.arange(n, dtype=np.int64), steps + 1)),
-            level_ptr=_readonly(np.arange(steps + 2, dtype=np.int64) * n),
-            edge_ptr=_readonly(counts_to_ptr(counts)),
-            edge_child=_readonly(np.tile(child_idx, steps) + shifts),
-            roots=_readonly(np.arange(n, dtype=np.int64) + block[-1] * n),
+            level_order=readonly(np.repeat(block * n, n) + np.tile(np.arange(n, dtype=np.int64), steps + 1)),
+            level_ptr=readonly(np.arange(steps + 2, dtype=np.int64) * n),
+            edge_ptr=readonly(counts_to_ptr(counts)),
+            edge_child=readonly(np.tile(child_idx, steps) + shifts),
+            roots=readonly(np.arange(n, dtype=np.int64) + block[-1] * n),
             step_nodes=n,
             state_rows=(steps + 1 if every_step else 2) * n,
         )
@@ -69,7 +69,7 @@ def edge_order_steps(forest: Forest, steps: int) -> np.ndarray:
     key = f"edge_order_steps/{steps}"
     cached = forest.derived.get(key)
     if cached is None:
-        cached = _readonly(np.tile(np.arange(forest.num_edges, dtype=np.int64), steps))
+        cached = readonly(np.tile(np.arange(forest.num_edges, dtype=np.int64), steps))
         forest.derived[key] = cached
     return cached
 
@@ -95,8 +95,3 @@ def upstream_to_steps(
             full[lin.num_nodes - len(grad) :] = grad
             padded[name] = full
     return padded
-
-
-def _readonly(array: np.ndarray) -> np.ndarray:
-    array.flags.writeable = False
-    return array

@@ -82,11 +82,11 @@ def _linearize(forest: Forest) -> Linearized:
         num_nodes=forest.num_nodes,
         num_levels=max(forest.num_levels, 1),
         max_children=int(forest.max_children),
-        level_order=_readonly(order),
-        level_ptr=_readonly(level_ptr),
-        edge_ptr=_readonly(edge_ptr),
-        edge_child=_readonly(edge_child),
-        roots=_readonly(np.ascontiguousarray(forest.roots, dtype=np.int64)),
+        level_order=readonly(order),
+        level_ptr=readonly(level_ptr),
+        edge_ptr=readonly(edge_ptr),
+        edge_child=readonly(edge_child),
+        roots=readonly(np.ascontiguousarray(forest.roots, dtype=np.int64)),
     )
 
 
@@ -98,12 +98,12 @@ def edge_order(forest: Forest) -> np.ndarray:
     if cached is None:
         ids = np.arange(forest.num_edges, dtype=np.int64)
         order = np.asarray(forest.level_order, dtype=np.int64)
-        cached = _readonly(np.ascontiguousarray(gather_segments(forest.child_ptr, ids, order), dtype=np.int64))
+        cached = readonly(np.ascontiguousarray(gather_segments(forest.child_ptr, ids, order), dtype=np.int64))
         forest.derived["edge_order"] = cached
     return cached
 
 
-def _readonly(array: np.ndarray) -> np.ndarray:
+def readonly(array: np.ndarray) -> np.ndarray:
     """A read-only view over a read-only base (kept for every later call: no one may make it writeable)."""
     array.flags.writeable = False
     view = array.view()

@@ -183,7 +183,6 @@ class CellModel:
         out, kept = executor.forward(lin, checked, keep=grad, host=host, dropout=dropout)
         if self.signature.structure.steps:  # a graph cell: the states after the last step
             out = last_step(self.signature, dict(out), lin)
-            kept = (lin, kept)
         result = Outputs(out)
         result.dropout_seed = dropout.seed if dropout.train else None
         if grad:
@@ -234,9 +233,8 @@ class CellModel:
         shapes = {p.name: p.shape for p in self.signature.params}
         executor = self._executor_for_device()
         steps = self.signature.structure.steps
-        if steps:  # a graph cell: its states' upstream is of the last step's rows
-            lin, kept = kept
-            checked = upstream_to_steps(self.signature, checked, lin)
+        if steps:  # a graph cell: its states' upstream is of the last step's rows (of every step's, kept)
+            checked = upstream_to_steps(self.signature, checked, linearize_for(self.signature, forest))
         looked_up = {}
         if sparse:
             for embedding in self.signature.embeddings:
