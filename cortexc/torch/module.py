@@ -55,11 +55,6 @@ class CellModule(nn.Module):
         super().__init__()
         if not (isinstance(cls, type) and issubclass(cls, CellModel)):
             raise CortexcError(f"CellModule wraps a cell class of a generated package, got {cls!r}")
-        if cls.signature.structure.down:  # ForestBatch carries the bottom-up linearization only so far
-            raise CortexcError(
-                f"cell {cls.signature.name} is a down cell: cortexc.torch does not take them yet; "
-                "use the NumPy API (cortexc.load)"
-            )
         self._cell_ref = (str(cls._package), cls.signature.name)
         self.sparse = checked_flag(sparse, "sparse")
         self.fold = checked_flag(fold, "fold")
@@ -150,9 +145,9 @@ class CellModule(nn.Module):
 
     # --- running -----------------------------------------------------------------------------------
     def forward(self, batch: ForestBatch | Forest, **inputs: Tensor) -> dict[str, Tensor]:
-        steps = self.signature.structure.steps
+        steps, down = self.signature.structure.steps, self.signature.structure.down
         if isinstance(batch, Forest):
-            batch = ForestBatch.from_forest(batch, steps=steps)
+            batch = ForestBatch.from_forest(batch, steps=steps, down=down)
         if not isinstance(batch, ForestBatch):
             raise InputError(f"expected a cortexc.torch.ForestBatch or a cortexc.Forest, got {type(batch).__name__}")
         runner = self.runner
@@ -165,6 +160,8 @@ class CellModule(nn.Module):
             own(params, self._runners)  # again: a param may be new (a compiled graph finds what eager calls owned)
         converted = {}
         for decl in self.signature.inputs:
+            if decl.given_by:  # the runtime's own (`_kernel_rows`)
+                continue
             value = inputs[decl.name]
             # index inputs as given (the op checks their range, then makes them int32); float ones as float32
             converted[decl.name] = value.contiguous() if decl.is_index else value.to(torch.float32).contiguous()
@@ -175,7 +172,7 @@ class CellModule(nn.Module):
                 "ignores and nothing averages over the ranks: with more than one rank, use sparse=False under "
                 "torch.compile(fullgraph=True) (without fullgraph, this forward runs eagerly)"
             )
-        float_inputs = [converted[d.name] for d in self.signature.inputs if not d.is_index]
+        float_inputs = [converted[d.name] for d in self.signature.inputs if not d.is_index and not d.given_by]
         # no backward can follow this call (autograd records the op only with grad enabled and some tensor
         # argument requiring grad): then it may read folded look-up projections, and needs no sparse tables
         inference = not (torch.is_grad_enabled() and any(t.requires_grad for t in [*params, *float_inputs]))
@@ -214,13 +211,24 @@ class CellModule(nn.Module):
         if batch.forest is not None:
             check_forest(sig, batch.forest)
         steps = sig.structure.steps
+        if batch.down is not None and batch.down != sig.structure.down:
+            made = (
+                "ForestBatch.from_forest(forest, down=True)"
+                if sig.structure.down
+                else "ForestBatch.from_forest(forest)"
+            )
+            raise ForestError(
+                f"cell {sig.name} is {'a down' if sig.structure.down else 'a bottom-up'} cell, but this batch is of "
+                f"the {'forest' if sig.structure.down else 'reversed forest (a down cell)'}: pass {made} "
+                "(or the Forest itself)"
+            )
         ptr = batch.level_ptr
         if steps and (len(ptr) != steps + 2 or not torch.equal(ptr, torch.arange(steps + 2) * ptr[1])):
             raise ForestError(
                 f"cell {sig.name} is a graph cell of {steps} steps: its batch must be its unrolled steps, "
                 f"ForestBatch.from_forest(forest, steps={steps}) (or pass the Forest)"
             )
-        declared = {decl.name: decl for decl in sig.inputs}
+        declared = {decl.name: decl for decl in sig.inputs if not decl.given_by}  # the runtime gives the others
         unknown = sorted(set(inputs) - set(declared))
         if unknown:
             raise InputError(
@@ -273,37 +281,31 @@ class CellModule(nn.Module):
 # ------------------------------------------------------------------------------------------------ kernel rows
 def _kernel_rows(sig: CellSignature, batch: ForestBatch, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
     """The inputs as the kernels read them, in autograd's graph (what `runtime.edges.to_kernel_order` does
-    with arrays): a graph cell's edge inputs once per step after the first (its node inputs as they are: each
-    step reads the node's row); another cell's edge inputs in the kernels' child-edge order (`_edge_order`).
-    Their gradients flow back summed (a repeat) or scattered (an index) by autograd."""
-    steps = sig.structure.steps
-    on_edge = [decl.name for decl in sig.inputs if decl.on_edge]
-    if not steps and not on_edge:
+    with arrays): edge inputs in the kernels' child-edge order (`ForestBatch.edge_order`: a graph cell's once
+    per step), their gradients flowing back scattered by autograd; node inputs as they are (a graph cell's
+    steps read the node's row); and a `down` cell's `edge.position` and `edge.siblings` (`_given_rows`)."""
+    if not any(decl.on_edge for decl in sig.inputs):
         return inputs
-    order = _edge_order(batch) if on_edge and not steps else None
-    rows = {}
+    rows = dict(inputs)
     for decl in sig.inputs:
-        value = inputs[decl.name]
-        if steps and decl.on_edge:
-            rows[decl.name] = value.repeat(steps, *([1] * (value.dim() - 1)))
+        if decl.given_by:
+            rows[decl.name] = _given_rows(batch, decl.given_by)
         elif decl.on_edge:
-            rows[decl.name] = value[order]
-        else:
-            rows[decl.name] = value
+            rows[decl.name] = inputs[decl.name][batch.edge_order]
     return rows
 
 
-def _edge_order(batch: ForestBatch) -> Tensor:
-    """For each of the kernels' child edges (by the parent's level-order position), the forest's number of
-    that edge (by parent id, then children order): `runtime.linearize.edge_order`, from the batch's tensors."""
-    order, ptr = batch.level_order, batch.edge_ptr
-    n, edges = order.shape[0], batch.edge_child.shape[0]
-    counts = ptr[1:] - ptr[:-1]  # by level-order position
-    by_node = torch.zeros_like(counts).index_copy(0, order, counts)
-    first = torch.cumsum(by_node, 0) - by_node  # the forest's first edge of each node
-    position = torch.repeat_interleave(torch.arange(n, device=order.device), counts, output_size=edges)
-    slot = torch.arange(edges, device=order.device) - ptr[position]
-    return first[order[position]] + slot
+def _given_rows(batch: ForestBatch, given_by: str) -> Tensor:
+    """A `down` cell's runtime-given edge input (`runtime.edges.given_by_runtime`) in its kernels' edge order,
+    `[E, 1]` float32, from the batch's tensors: the reversed forest's child of edge e is the forest's parent,
+    whose children count and first edge (by parent id) follow from how often it is a child there."""
+    parent = batch.edge_child
+    counts = torch.zeros(batch.level_order.shape[0], dtype=torch.int64, device=parent.device)
+    counts = counts.index_add(0, parent, torch.ones_like(parent))  # each node's children in the forest
+    first = torch.cumsum(counts, 0) - counts  # each node's first edge (by parent id)
+    # "position": the edge's number less its parent's first edge
+    values = counts[parent] if given_by == "siblings" else batch.edge_order - first[parent]
+    return values.to(torch.float32).reshape(-1, 1)
 
 
 # ------------------------------------------------------------------------------------------------ sparse tables

@@ -94,7 +94,8 @@ def _kernel_inputs(runner: _Runner, inputs: Sequence[Tensor], check: bool) -> li
 
 def _check_linearized(runner: _Runner, lin: Linearized) -> None:
     """The forest's structure against the cell, from the linearised arrays (what a compiled graph still
-    checks): no node with more children than a fixed arity, no shared child for a tree cell."""
+    checks): no node with more children than a fixed arity or an `edge.position`-indexed family holds, no
+    shared child for a tree cell (for a `down` cell, of the forest its batch reversed)."""
     sig = runner.signature
     counts = np.diff(lin.edge_ptr)
     steps = sig.structure.steps
@@ -106,19 +107,24 @@ def _check_linearized(runner: _Runner, lin: Linearized) -> None:
                 f"ForestBatch.from_forest(forest, steps={steps}) (or pass the Forest)"
             )
         return
-    if sig.arity is not None and lin.max_children > sig.arity:
-        position = int(np.flatnonzero(counts > sig.arity)[0])
+    # the forest's children and parents counts by node: a down cell's batch is the reversed forest
+    children = np.zeros(lin.num_nodes, dtype=np.int64)
+    children[lin.level_order] = counts
+    parents = np.bincount(lin.edge_child, minlength=lin.num_nodes)
+    if sig.structure.down:
+        children, parents = parents, children
+    limits = [(sig.arity, f"cell {sig.name}'s arity is {sig.arity}")] if sig.arity is not None else []
+    limits += [
+        (count, f"{family}[edge.position] of cell {sig.name} chooses among {count}") for family, count in sig.positions
+    ]
+    for limit, why in limits:
+        if len(children) and children.max() > limit:
+            node = int(np.flatnonzero(children > limit)[0])
+            raise ForestError(f"node {node} has {int(children[node])} children but {why}")
+    if not sig.structure.shares_children and len(parents) and parents.max() > 1:
         raise ForestError(
-            f"node {int(lin.level_order[position])} has {int(counts[position])} children but cell {sig.name}'s "
-            f"arity is {sig.arity}"
+            f"node {int(np.argmax(parents))} has {int(parents.max())} parents; cell {sig.name} is on a tree, not a dag"
         )
-    if not sig.structure.shares_children and len(lin.edge_child):
-        readers = np.bincount(lin.edge_child, minlength=lin.num_nodes)
-        if readers.max() > 1:
-            raise ForestError(
-                f"node {int(np.argmax(readers))} has {int(readers.max())} parents; cell {sig.name} is on a tree, "
-                "not a dag"
-            )
 
 
 # ------------------------------------------------------------------------------------------------ the ops

@@ -33,6 +33,8 @@ def modules(tmp_path_factory):
 def _inputs(sig, forest: Forest, rng) -> dict[str, np.ndarray]:
     inputs = {}
     for decl in sig.inputs:
+        if decl.given_by:  # a down cell's edge.position / edge.siblings: the runtime's
+            continue
         rows = forest.num_edges if decl.on_edge else forest.num_nodes
         if decl.is_index:
             inputs[decl.name] = rng.integers(0, decl.index_range, rows)
@@ -106,7 +108,7 @@ def test_a_graph_cell_needs_its_unrolled_batch_and_edge_rows(modules, rng):
     graph = random_graph(8, 6, rng)
     tensors = {k: torch.tensor(v) for k, v in _inputs(cls.signature, graph, rng).items()}
     with pytest.raises(ForestError, match=r"ForestBatch.from_forest\(forest, steps=3\)"):
-        module(ForestBatch(*ForestBatch.from_forest(Forest.random(2, rng, max_nodes=4)).tensors()), **tensors)
+        module(ForestBatch(*ForestBatch.from_forest(Forest.random(2, rng, max_nodes=4)).leaves()), **tensors)
     with pytest.raises(InputError, match=rf"input rel must have shape \({graph.num_edges},\) \(one index per edge\)"):
         module(graph, **dict(tensors, rel=tensors["rel"][:-1]))
     bad = tensors["rel"].clone()

@@ -93,7 +93,7 @@ def example(name: str) -> tuple[ForestBatch, torch.Tensor]:
     while True:
         candidate = forest(name, rng, 4)
         batch = ForestBatch.from_forest(candidate)
-        if min(t.shape[0] for t in batch.tensors()) >= 2 and batch.level_ptr.shape[0] >= 3:
+        if min(t.shape[0] for t in batch.leaves()) >= 2 and batch.level_ptr.shape[0] >= 3:
             return batch, value(name, candidate, rng)
 
 
@@ -123,7 +123,7 @@ def test_the_exported_model_equals_eager_on_forests_of_other_sizes(name, rng):
     with torch.no_grad():
         for batch, given in [example(name), *others(name, rng)]:
             expected = net(batch, given)
-            got = module(ForestBatch(*batch.tensors()), given)  # no Forest: the exported graph never reads it
+            got = module(ForestBatch(*batch.leaves()), given)  # no Forest: the exported graph never reads it
             assert got.shape == expected.shape == (batch.num_nodes, HEAD)
             assert relative_error(got.numpy(), expected.numpy()) < 1e-5
 
@@ -219,7 +219,7 @@ def saved(tmp_path_factory):
         program = export(net, name)
         codes[name] = program.graph_module.code
         torch.export.save(program, folder / f"{name}.pt2")
-        inputs = [(batch.tensors(), given) for batch, given in others(name, rng)[:2]]
+        inputs = [(batch.leaves(), given) for batch, given in others(name, rng)[:2]]
         with torch.no_grad():
             expected = [net(ForestBatch(*tensors), given) for tensors, given in inputs]
         file = str(EXAMPLES / case.file)  # as `cell_class` loads it: the same path makes the same package

@@ -69,7 +69,7 @@ def analytic(cell, forest, params, inputs, upstream, dtype=np.float64) -> dict[s
     out = reference.run(cell, forest, params, inputs, dtype)
     states = {s.name: out[s.name] for s in cell.states}
     grads = reference.backward(cell, forest, params, inputs, states, upstream, dtype)
-    expected = {p.name for p in cell.params} | {i.name for i in cell.inputs if not i.is_index}
+    expected = {p.name for p in cell.params} | {i.name for i in cell.inputs if not i.is_index and not i.given_by}
     assert set(grads) == expected, "backward must give every param and every float input, nothing else"
     return grads
 
@@ -224,6 +224,7 @@ EXAMPLE_CASES = {
     "tbcnn.cell": ({"X": 4, "H": 3}, "tree"),
     "ggnn.cell": ({"X": 4, "H": 3, "R": 2, "T": 2, "C": 2}, "graph"),
     "typed_daglstm.cell": ({"X": 4, "H": 3, "R": 2, "D": 2}, "dag"),
+    "bitreelstm.cell": ({"V": 6, "X": 4, "H": 3, "C": 5}, "binary"),  # both cells (the second a down cell)
 }
 
 
@@ -234,10 +235,10 @@ def test_every_example_is_covered():
 @pytest.mark.parametrize("name", sorted(EXAMPLE_CASES))
 def test_example_gradients_vs_finite_differences(name, rng):
     dims, kind = EXAMPLE_CASES[name]
-    cell = example(name, **dims)
     forest = example_forest(kind, rng)
     focus = {"E": "word"} if name == "binary_treelstm.cell" else None
-    fd_case(cell, forest, rng, name, focus_rows=focus)
+    for cell in compile_file(EXAMPLES / name, dims):  # every cell of the file
+        fd_case(cell, forest, rng, f"{name} {cell.name}", focus_rows=focus)
 
 
 def test_binary_treelstm_upstream_on_outputs_only_or_states_only(rng):

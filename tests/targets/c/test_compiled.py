@@ -233,6 +233,7 @@ EXAMPLE_DIMS = {
     "tbcnn": dict(X=16, H=12),
     "ggnn": dict(X=16, H=12),
     "typed_daglstm": dict(X=16, H=12),
+    "bitreelstm": dict(V=64, X=16, H=12),
 }
 
 

@@ -19,12 +19,20 @@ from cortexc.targets.c.target import DEFER_MIN_WIDTH_C
 from tests.helpers import EXAMPLES, random_inputs, relative_error, twin_models
 
 
-def _c_source(path, **dims):
-    """The cell's program (C target) and its C text."""
+def _c_source(path, cell=0, **dims):
+    """The program (C target) and C text of the file's cell number `cell`."""
     options = CompileOptions(targets=("c",), defines=tuple(dims.items())) if dims else CompileOptions(targets=("c",))
-    (rendered,) = run_stages(Source(path.read_text(encoding="utf-8"), str(path)), options, until="render")
+    rendered = run_stages(Source(path.read_text(encoding="utf-8"), str(path)), options, until="render")[cell]
     (variant,) = rendered.programs
     return variant.program, dict(rendered.sources)["c"]
+
+
+#: every cell of every example file, as (path, its number in the file)
+EXAMPLE_CELLS = [
+    (path, index)
+    for path in sorted(EXAMPLES.glob("*.cell"))
+    for index in range(len(re.findall(r"^cell ", path.read_text(encoding="utf-8"), re.M)))
+]
 
 
 def _function(text: str, name: str) -> str:
@@ -45,13 +53,13 @@ def _declared(path, dims):
 
 
 @pytest.mark.parametrize("large", [True, False], ids=["large", "declared"])
-@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.cell")), ids=lambda p: p.stem)
-def test_the_cpu_backward_keeps_factor_rows_instead_of_accumulating(path, large):
+@pytest.mark.parametrize(("path", "cell"), EXAMPLE_CELLS, ids=[f"{p.stem}-{i}" for p, i in EXAMPLE_CELLS])
+def test_the_cpu_backward_keeps_factor_rows_instead_of_accumulating(path, cell, large):
     """A deferred term's kernel writes its factor rows and adds no outer product per tile, and the deferred
     phase reads them; a small one (below DEFER_MIN_WIDTH_C) is narrow: its kernel both keeps its rows and
     adds it per tile (by the launch's `stage->narrow`), and the deferred phase reads the rows of the
     launches that kept them; the chunk accumulators hold only what may be summed per tile."""
-    program, text = _c_source(path, **(_declared(path, LARGE) if large else {}))
+    program, text = _c_source(path, cell, **(_declared(path, LARGE) if large else {}))
     terms = program.deferred or ()
     deferred = {(t.kernel, t.step): index for index, t in enumerate(terms)}
     phase = _function(text, "cx_deferred_phase") if deferred else ""
