@@ -26,6 +26,7 @@ from cortexc.errors import CortexcError, InputError
 from cortexc.ir.cell import Cell
 from cortexc.ir.ops import param_matrix
 from cortexc.ir.program import Program, hoisted_widths
+from cortexc.ir.runtime_signature import positions
 from cortexc.options import CompileOptions
 
 #: the flags of the library and programs (as runtime/build.py's, for the same kernels and speed)
@@ -86,6 +87,20 @@ def cell_context(cell: Cell, program: Program, fold: bool = True) -> dict[str, A
         }
         for o in cell.outputs
     ]
+    abi_inputs: list[dict[str, Any]] = [
+        {
+            "name": i.name,
+            "is_index": i.is_index,
+            "shape": list(i.shape),
+            "width": _width(i.shape),
+            "index_range": i.index_range,
+            "shape_text": _shape_text(i.shape),
+            "on_edge": i.on_edge,
+            "given_by": i.given_by,
+            "abi_index": index,
+        }
+        for index, i in enumerate(cell.inputs)
+    ]
     return {
         "name": cell.name,
         "upper": cell.name.upper(),
@@ -104,18 +119,10 @@ def cell_context(cell: Cell, program: Program, fold: bool = True) -> dict[str, A
             for p in cell.params
         ],
         "max_param_ndim": max((len(p.shape) for p in cell.params), default=1) or 1,
-        "inputs": [
-            {
-                "name": i.name,
-                "is_index": i.is_index,
-                "shape": list(i.shape),
-                "width": _width(i.shape),
-                "index_range": i.index_range,
-                "shape_text": _shape_text(i.shape),
-                "on_edge": i.on_edge,
-            }
-            for i in cell.inputs
-        ],
+        "inputs": [i for i in abi_inputs if not i["given_by"]],  # the caller's
+        "abi_inputs": abi_inputs,  # the kernels' (a down cell's edge.position / edge.siblings too)
+        "down": cell.down,
+        "positions": [{"family": family, "count": count} for family, count in positions(cell)],
         "states": states,
         "outputs": outputs,
         "results": [{**s, "kind": "state", "at_root": False} for s in states]
@@ -157,9 +164,6 @@ def export(
     rendered = run_stages(Source(source, str(cell_file)), options, until="render")
     stem = package_name(cell_file)
     cells = [item.cell for item in rendered]
-    for cell in cells:
-        if cell.down:  # the exported C linearizes bottom up only so far
-            raise CortexcError(f"cell {cell.name} is a down cell: cortexc export does not take them yet")
     params = _params(cells, params_file)
     env = environment()
     text_files: dict[str, str] = {}
@@ -256,6 +260,8 @@ def _test_data(cell: Cell, params: Mapping[str, np.ndarray]) -> tuple[dict[str, 
     forest = _test_forest(cell)
     inputs = {}
     for decl in cell.inputs:
+        if decl.given_by:  # a down cell's edge.position / edge.siblings: the library computes them
+            continue
         rows = forest.num_edges if decl.on_edge else forest.num_nodes
         if decl.is_index:
             inputs[decl.name] = rng.integers(0, decl.index_range, rows).astype(np.int32)
@@ -315,6 +321,8 @@ def _test_data(cell: Cell, params: Mapping[str, np.ndarray]) -> tuple[dict[str, 
         bad("arity", {"parents": wide, **_rows(inputs, wide.size, wide.size - 1)}, lambda: Forest.from_parents(wide))
     chain = np.array([-1, 0, 1], np.int32)
     for decl in cell.inputs:  # the chain: 3 nodes, 2 edges
+        if decl.given_by:
+            continue
         if decl.is_index:
             rows = _rows(inputs, 3, 2)
             rows[decl.name] = np.array([0, decl.index_range, 0][: len(rows[decl.name])], np.int32)

@@ -56,10 +56,11 @@ class Exported:
         dims: dict[str, int],
         params: dict[str, np.ndarray] | None = None,
         path: Path | None = None,
+        cell: int = 0,
     ):
         path = path or EXAMPLES / f"{example}.cell"
         module = cortexc.load(path, root / "py", **dims)
-        self.cls = getattr(module, module.__all__[0])
+        self.cls = getattr(module, module.__all__[cell])  # the file's cell number `cell`
         self.name = self.cls.signature.name
         params_file = None
         if params is not None:
