@@ -377,9 +377,9 @@ MAX_SELECTED_MATRICES = 16
 def _selected_per_child(scope: _Scope, index: ast.Expr, family: ir.ParamDecl) -> bool:
     """Whether `W[index] @ v` runs as all of W's products, then a row per child: `index` is edge.position, or
     an edge index input over a family of at most `MAX_SELECTED_MATRICES`."""
-    if not isinstance(index, ast.EdgeAll):
+    if not isinstance(index, ast.EdgeAll | ast.EdgeAt):
         return False
-    if index.name == "position":
+    if index.name == "position" and isinstance(index, ast.EdgeAll):
         return True
     on_edge = any(i.name == index.name and i.on_edge and i.is_index for i in scope.decl.inputs)
     return on_edge and family.shape[0] <= MAX_SELECTED_MATRICES
@@ -416,7 +416,8 @@ def _family_select(scope: _Scope, expr: ast.Binary, family: ir.ParamDecl) -> int
         return None
     domain = max(_value(scope, products).domain, i.domain)
     attrs = (("by", "position" if by_position else "index"),)
-    return scope.builder.add(Op.SELECT, (products, index), (m,), domain, attrs, loc=expr.loc)
+    chosen = scope.builder.add(Op.SELECT, (products, index), (m,), domain, attrs, loc=expr.loc)
+    return _per_node_choice(scope, member.index, chosen)
 
 
 def _binary(scope: _Scope, expr: ast.Binary) -> int | None:
@@ -740,7 +741,7 @@ def _family_member(scope: _Scope, expr: ast.Index, family: ir.ParamDecl) -> int 
     b = scope.builder
     table = b.add(Op.PARAM, (), (r, m * k), Domain.PARAM, (("name", family.name),), loc=expr.base.loc)
     looked_up = b.add(Op.EMBED, (table, row), (m * k,), i.domain, loc=expr.loc)
-    return b.add(Op.RESHAPE, (looked_up,), (m, k), i.domain, loc=expr.loc)
+    return _per_node_choice(scope, expr.index, b.add(Op.RESHAPE, (looked_up,), (m, k), i.domain, loc=expr.loc))
 
 
 def _index(scope: _Scope, expr: ast.Index) -> int | None:
@@ -749,8 +750,10 @@ def _index(scope: _Scope, expr: ast.Index) -> int | None:
     if family is not None:
         return _family_member(scope, expr, family)
     table = _expr(scope, expr.base)
-    looks_up = isinstance(expr.index, ast.Name | ast.EdgeAll) and any(
-        i.name == _index_name(expr.index) and i.is_index and i.on_edge == isinstance(expr.index, ast.EdgeAll)
+    of_edge = isinstance(expr.index, ast.EdgeAll | ast.EdgeAt)
+    looks_up = isinstance(expr.index, ast.Name) or of_edge
+    looks_up = looks_up and any(
+        i.name == _index_name(expr.index) and i.is_index and i.on_edge == of_edge  # type: ignore[arg-type]
         for i in scope.decl.inputs
     )
     if table is not None and len(_value(scope, table).shape) == 1 and not looks_up:
@@ -780,10 +783,11 @@ def _index(scope: _Scope, expr: ast.Index) -> int | None:
     if index_range is not None and index_range > rows:
         sink.report(f"{_text(expr)}: {t.name} has {rows} rows but {r.name} ranges over [0, {index_range})", expr.loc)
         return None
-    return scope.builder.add(Op.EMBED, (table, row), (t.shape[1],), max(t.domain, r.domain), loc=expr.loc)
+    looked_up = scope.builder.add(Op.EMBED, (table, row), (t.shape[1],), max(t.domain, r.domain), loc=expr.loc)
+    return _per_node_choice(scope, expr.index, looked_up)
 
 
-def _index_name(expr: ast.Name | ast.EdgeAll) -> str:
+def _index_name(expr: ast.Name | ast.EdgeAll | ast.EdgeAt) -> str:
     """The input an index expression names: `w` (a node's) or `edge.rel` (an edge's)."""
     return expr.name
 
@@ -962,16 +966,10 @@ def _down_edge(scope: _Scope, expr: ast.EdgeAll) -> int | None:
     name = GIVEN_INPUTS.get(expr.name, expr.name)
     decl = next(i for i in scope.decl.inputs if i.name == name and i.on_edge)
     tree = not scope.decl.structure.shares_children
-    if decl.is_index and tree:
-        scope.sink.report(
-            f"{text}: an edge index input in a down cell on a tree is not built yet (on a dag it is per parent)",
-            expr.loc,
-        )
-        return None
     dtype = DType.I32 if decl.is_index else DType.F32
     b = scope.builder
     per_parent = b.add(Op.EDGE_INPUT, (), decl.shape, Domain.CHILD, (("name", name),), dtype, loc=expr.loc)
-    if not tree:
+    if not tree or decl.is_index:  # a tree's index: what it chooses is summed where it is used (`_per_node_choice`)
         return per_parent
     return b.add(Op.SUM, (per_parent,), decl.shape, Domain.NODE, loc=expr.loc)  # the one parent's, 0 at a root
 
@@ -991,18 +989,44 @@ def _edge_all(scope: _Scope, expr: ast.EdgeAll) -> int | None:
     return scope.builder.add(Op.EDGE, (), (1,), Domain.CHILD, (("name", expr.name),), loc=expr.loc)
 
 
+def _per_node_choice(scope: _Scope, index: ast.Expr, value: int) -> int:
+    """`value`, computed per child from an edge input, as the per-node value `index` means: for `edge[k].NAME`
+    (arity cells) child k's row and for `edge.NAME` in a down cell on a tree the one parent's, 0 where there is
+    none (the per-child rows masked to child k and summed). An index edge input stays per child until what it
+    chooses (`E[edge[k].rel]`, `W[edge[k].rel] @ v`) is known, which is summed so: a row it would choose where
+    the node has no child k (or at a root) reads 0. Any other `value` as it is."""
+    down_tree = scope.decl.down and not scope.decl.structure.shares_children
+    if not (isinstance(index, ast.EdgeAt) or (down_tree and isinstance(index, ast.EdgeAll))):
+        return value
+    if not any(i.name == index.name and i.on_edge and not i.given_by for i in scope.decl.inputs):
+        return value  # edge.position / edge.siblings: per node already
+    b, v = scope.builder, _value(scope, value)
+    if v.domain != Domain.CHILD:
+        return value
+    if isinstance(index, ast.EdgeAt):
+        k = _position_k(scope, index.k, _text(index), f"edge.{index.name}", "an edge number", index.loc)
+        position = b.add(Op.EDGE, (), (1,), Domain.CHILD, (("name", "position"),), loc=index.loc)
+        at = b.add(Op.CONST, (), (), Domain.PARAM, (("value", float(k or 0)),), loc=index.loc)
+        mask = b.add(Op.EQ, (position, at), (1,), Domain.CHILD, loc=index.loc)
+        value = b.add(Op.MUL, (value, mask), v.shape, Domain.CHILD, loc=index.loc)
+    return b.add(Op.SUM, (value,), v.shape, Domain.NODE, loc=index.loc)
+
+
 def _edge_at(scope: _Scope, expr: ast.EdgeAt) -> int | None:
-    """`edge[k].position`, `edge[k].siblings`: the edge to child k, 0 where there is none (arity cells)."""
+    """`edge[k].position`, `edge[k].siblings`, `edge[k].w` (an edge input): the edge to child k, 0 where there is
+    none (arity cells)."""
     text = _text(expr)
     k = _position_k(scope, expr.k, text, f"edge.{expr.name}", "an edge number", expr.loc)
     if k is None:
         return None
-    if any(i.name == expr.name and i.on_edge for i in scope.decl.inputs):
-        scope.sink.report(
-            f"{text}: edge inputs are read for every child, as edge.{expr.name} (edge[k] reads position and siblings)",
-            expr.loc,
-        )
-        return None
+    decl = next((i for i in scope.decl.inputs if i.name == expr.name and i.on_edge), None)
+    if decl is not None:  # an edge input of the edge to child k: per child, masked to child k
+        dtype = DType.I32 if decl.is_index else DType.F32
+        b = scope.builder
+        per_child = b.add(Op.EDGE_INPUT, (), decl.shape, Domain.CHILD, (("name", decl.name),), dtype, loc=expr.loc)
+        if decl.is_index:  # what it chooses is summed where it is used (`_per_node_choice`)
+            return per_child
+        return _per_node_choice(scope, expr, per_child)
     if not _edge_value(scope, expr.name, text, expr.loc, inputs=False):
         return None
     attrs = (("name", expr.name), ("k", k))

@@ -216,20 +216,6 @@ def test_the_reversed_forest_reads_parents_in_increasing_id_order():
     assert first_level == {n for n in range(forest.num_nodes) if not _parents_of(forest, n)}
 
 
-def test_unsupported_paths_say_so(modules, tmp_path):
-    """Export and cortexc.torch do not take down cells yet: a typed error, never wrong numbers."""
-    from cortexc.export import export
-    from cortexc.torch import CellModule
-
-    with pytest.raises(CortexcError, match="cortexc.torch does not take them yet"):
-        CellModule(modules["lstm"].DownLSTM)
-    cell_file = tmp_path / "down.cell"
-    cell_file.write_text(DOWN_LSTM, encoding="utf-8")
-    with pytest.raises(CortexcError, match="cortexc export does not take them yet"):
-        export(cell_file, tmp_path / "exported")
-    assert not (tmp_path / "exported").exists()
-
-
 def _cell(header: str, blocks: str) -> str:
     return f"cell E on {header} {{\n    dim H = 3\n    input x[H]\n    state h[H]\n    {blocks}\n}}\n"
 

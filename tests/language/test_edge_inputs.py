@@ -204,7 +204,8 @@ ERRORS = [
     ("h = tanh(W @ x + sum(U @ child.h) + w[0:1])", "'w' is an edge input: read it as edge.w", "w[0:1]"),
     ("h = tanh(W @ x + sum(U @ child.h) * edge.x[0:1])", "'x' is a node input, read as x", "edge.x"),
     ("h = tanh(W @ x + sum(edge.wt * child.h))", "unknown edge value 'wt' in edge.wt", "edge.wt"),
-    ("h = tanh(W @ x + edge[0].w[0:1] * sum(child.h))", "edge inputs are read for every child, as edge.w", "edge[0]"),
+    ("h = tanh(W @ x + edge[2].w[0:1] * sum(child.h))", "edge[2].w is out of the declared arity 2", "2]"),
+    ("h = tanh(W @ x + edge[0].rel * sum(child.h))", "it can only select a row of a param", "edge[0]"),
     ("h = tanh(W @ x + E[rel])", "'rel' is an edge input: read it as edge.rel", "rel]"),
 ]
 
