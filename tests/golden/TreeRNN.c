@@ -64,6 +64,7 @@ typedef struct {
 #define CX_GEMM_H
 
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define CX_NR 16
@@ -1431,9 +1432,12 @@ static inline void cx_load_tail(cx_vf *v, const float *src, int n)
     }
 }
 
-/* cx_tn_<nm>x<kp>: nm rows of acc from m0, kp panels of K from k0 (the last one kn_last wide). */
-CX_NOINLINE void cx_tn_8x1(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+/* cx_tn_<nm>x<kp>: nm rows of acc from m0, kp panels of K from k0 (the last one kn_last wide).
+   cx_tnp_<nm>x<kp> (`padded`): the same, its b rows already at k0 and padded to whole panels (zeros), so every
+   load is a whole vector: a tail built lane by lane, per row and block, cost more than the FMAs at widths such
+   as 60 (cx_deferred_block pads them). The sums are the same, in the same order. */
+CX_NOINLINE void cx_tn_8x1(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
@@ -1491,8 +1495,8 @@ CX_NOINLINE void cx_tn_8x1(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 7) * K + k0 + 0 * CX_NR, &c7_0, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_1x1(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tn_1x1(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0};
     for (int r = 0; r < rows; ++r) {
@@ -1508,8 +1512,84 @@ CX_NOINLINE void cx_tn_1x1(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_8x2(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tnp_8x1(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0};
+    cx_vf c1_0 = {0};
+    cx_vf c2_0 = {0};
+    cx_vf c3_0 = {0};
+    cx_vf c4_0 = {0};
+    cx_vf c5_0 = {0};
+    cx_vf c6_0 = {0};
+    cx_vf c7_0 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s);
+        }
+        {
+            const float s = a[1];
+            CX_FMA(c1_0, b0, s);
+        }
+        {
+            const float s = a[2];
+            CX_FMA(c2_0, b0, s);
+        }
+        {
+            const float s = a[3];
+            CX_FMA(c3_0, b0, s);
+        }
+        {
+            const float s = a[4];
+            CX_FMA(c4_0, b0, s);
+        }
+        {
+            const float s = a[5];
+            CX_FMA(c5_0, b0, s);
+        }
+        {
+            const float s = a[6];
+            CX_FMA(c6_0, b0, s);
+        }
+        {
+            const float s = a[7];
+            CX_FMA(c7_0, b0, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 0 * CX_NR, &c1_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 0 * CX_NR, &c2_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 0 * CX_NR, &c3_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 4) * K + k0 + 0 * CX_NR, &c4_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 5) * K + k0 + 0 * CX_NR, &c5_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 6) * K + k0 + 0 * CX_NR, &c6_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 7) * K + k0 + 0 * CX_NR, &c7_0, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tnp_1x1(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tn_8x2(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
@@ -1577,8 +1657,8 @@ CX_NOINLINE void cx_tn_8x2(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 7) * K + k0 + 1 * CX_NR, &c7_1, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_1x2(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tn_1x2(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0}, c0_1 = {0};
     for (int r = 0; r < rows; ++r) {
@@ -1597,8 +1677,97 @@ CX_NOINLINE void cx_tn_1x2(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_4x3(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tnp_8x2(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0}, c0_1 = {0};
+    cx_vf c1_0 = {0}, c1_1 = {0};
+    cx_vf c2_0 = {0}, c2_1 = {0};
+    cx_vf c3_0 = {0}, c3_1 = {0};
+    cx_vf c4_0 = {0}, c4_1 = {0};
+    cx_vf c5_0 = {0}, c5_1 = {0};
+    cx_vf c6_0 = {0}, c6_1 = {0};
+    cx_vf c7_0 = {0}, c7_1 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        cx_vf b1;
+        cx_vload(&b1, br + 1 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s);
+        }
+        {
+            const float s = a[1];
+            CX_FMA(c1_0, b0, s); CX_FMA(c1_1, b1, s);
+        }
+        {
+            const float s = a[2];
+            CX_FMA(c2_0, b0, s); CX_FMA(c2_1, b1, s);
+        }
+        {
+            const float s = a[3];
+            CX_FMA(c3_0, b0, s); CX_FMA(c3_1, b1, s);
+        }
+        {
+            const float s = a[4];
+            CX_FMA(c4_0, b0, s); CX_FMA(c4_1, b1, s);
+        }
+        {
+            const float s = a[5];
+            CX_FMA(c5_0, b0, s); CX_FMA(c5_1, b1, s);
+        }
+        {
+            const float s = a[6];
+            CX_FMA(c6_0, b0, s); CX_FMA(c6_1, b1, s);
+        }
+        {
+            const float s = a[7];
+            CX_FMA(c7_0, b0, s); CX_FMA(c7_1, b1, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 0 * CX_NR, &c1_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 1 * CX_NR, &c1_1, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 0 * CX_NR, &c2_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 1 * CX_NR, &c2_1, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 0 * CX_NR, &c3_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 1 * CX_NR, &c3_1, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 4) * K + k0 + 0 * CX_NR, &c4_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 4) * K + k0 + 1 * CX_NR, &c4_1, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 5) * K + k0 + 0 * CX_NR, &c5_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 5) * K + k0 + 1 * CX_NR, &c5_1, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 6) * K + k0 + 0 * CX_NR, &c6_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 6) * K + k0 + 1 * CX_NR, &c6_1, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 7) * K + k0 + 0 * CX_NR, &c7_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 7) * K + k0 + 1 * CX_NR, &c7_1, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tnp_1x2(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0}, c0_1 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        cx_vf b1;
+        cx_vload(&b1, br + 1 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tn_4x3(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0};
@@ -1644,8 +1813,8 @@ CX_NOINLINE void cx_tn_4x3(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 2 * CX_NR, &c3_2, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_1x3(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tn_1x3(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
     for (int r = 0; r < rows; ++r) {
@@ -1667,8 +1836,78 @@ CX_NOINLINE void cx_tn_1x3(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 2 * CX_NR, &c0_2, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_4x4(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tnp_4x3(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
+    cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0};
+    cx_vf c2_0 = {0}, c2_1 = {0}, c2_2 = {0};
+    cx_vf c3_0 = {0}, c3_1 = {0}, c3_2 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        cx_vf b1;
+        cx_vload(&b1, br + 1 * CX_NR);
+        cx_vf b2;
+        cx_vload(&b2, br + 2 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s); CX_FMA(c0_2, b2, s);
+        }
+        {
+            const float s = a[1];
+            CX_FMA(c1_0, b0, s); CX_FMA(c1_1, b1, s); CX_FMA(c1_2, b2, s);
+        }
+        {
+            const float s = a[2];
+            CX_FMA(c2_0, b0, s); CX_FMA(c2_1, b1, s); CX_FMA(c2_2, b2, s);
+        }
+        {
+            const float s = a[3];
+            CX_FMA(c3_0, b0, s); CX_FMA(c3_1, b1, s); CX_FMA(c3_2, b2, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 2 * CX_NR, &c0_2, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 0 * CX_NR, &c1_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 1 * CX_NR, &c1_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 2 * CX_NR, &c1_2, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 0 * CX_NR, &c2_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 1 * CX_NR, &c2_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 2 * CX_NR, &c2_2, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 0 * CX_NR, &c3_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 1 * CX_NR, &c3_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 2 * CX_NR, &c3_2, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tnp_1x3(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        cx_vf b1;
+        cx_vload(&b1, br + 1 * CX_NR);
+        cx_vf b2;
+        cx_vload(&b2, br + 2 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s); CX_FMA(c0_2, b2, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 2 * CX_NR, &c0_2, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tn_4x4(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
@@ -1720,8 +1959,8 @@ CX_NOINLINE void cx_tn_4x4(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 3 * CX_NR, &c3_3, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_1x4(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tn_1x4(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
     for (int r = 0; r < rows; ++r) {
@@ -1735,6 +1974,85 @@ CX_NOINLINE void cx_tn_1x4(int rows, const float *const *a_rows, int m0, const f
         cx_vload(&b2, br + 2 * CX_NR);
         cx_vf b3;
         cx_load_tail(&b3, br + 3 * CX_NR, kn_last);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s); CX_FMA(c0_2, b2, s); CX_FMA(c0_3, b3, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 2 * CX_NR, &c0_2, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 3 * CX_NR, &c0_3, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tnp_4x4(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    cx_vf c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    cx_vf c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        cx_vf b1;
+        cx_vload(&b1, br + 1 * CX_NR);
+        cx_vf b2;
+        cx_vload(&b2, br + 2 * CX_NR);
+        cx_vf b3;
+        cx_vload(&b3, br + 3 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s); CX_FMA(c0_2, b2, s); CX_FMA(c0_3, b3, s);
+        }
+        {
+            const float s = a[1];
+            CX_FMA(c1_0, b0, s); CX_FMA(c1_1, b1, s); CX_FMA(c1_2, b2, s); CX_FMA(c1_3, b3, s);
+        }
+        {
+            const float s = a[2];
+            CX_FMA(c2_0, b0, s); CX_FMA(c2_1, b1, s); CX_FMA(c2_2, b2, s); CX_FMA(c2_3, b3, s);
+        }
+        {
+            const float s = a[3];
+            CX_FMA(c3_0, b0, s); CX_FMA(c3_1, b1, s); CX_FMA(c3_2, b2, s); CX_FMA(c3_3, b3, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 2 * CX_NR, &c0_2, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 3 * CX_NR, &c0_3, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 0 * CX_NR, &c1_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 1 * CX_NR, &c1_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 2 * CX_NR, &c1_2, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 3 * CX_NR, &c1_3, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 0 * CX_NR, &c2_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 1 * CX_NR, &c2_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 2 * CX_NR, &c2_2, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 3 * CX_NR, &c2_3, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 0 * CX_NR, &c3_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 1 * CX_NR, &c3_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 2 * CX_NR, &c3_2, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 3 * CX_NR, &c3_3, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tnp_1x4(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        cx_vf b1;
+        cx_vload(&b1, br + 1 * CX_NR);
+        cx_vf b2;
+        cx_vload(&b2, br + 2 * CX_NR);
+        cx_vf b3;
+        cx_vload(&b3, br + 3 * CX_NR);
         {
             const float s = a[0];
             CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s); CX_FMA(c0_2, b2, s); CX_FMA(c0_3, b3, s);
@@ -1777,10 +2095,52 @@ static void cx_tn_block(int nm, int kp, int rows, const float *const *a_rows, in
     }
 }
 
+/* cx_tn_block with b rows padded (cx_tnp_*): each b_rows[r] points at column k0, kp whole panels. */
+static void cx_tn_block_padded(int nm, int kp, int rows, const float *const *a_rows, int m0,
+                               const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    switch (kp * 16 + nm) {
+    case 24: cx_tnp_8x1(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 17: cx_tnp_1x1(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 40: cx_tnp_8x2(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 33: cx_tnp_1x2(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 52: cx_tnp_4x3(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 49: cx_tnp_1x3(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 68: cx_tnp_4x4(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 65: cx_tnp_1x4(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    default: break;
+    }
+}
+
 CX_API void cx_gemm_tn_acc(int rows, const float *const *a_rows, int M, const float *const *b_rows, int K,
                            float *acc)
 {
     const int panels = (K + CX_NR - 1) / CX_NR;
+    if (K % CX_NR && rows > 0) { /* a tail panel: the b rows copied once, padded to whole panels (cx_tnp_*) */
+        const size_t stride = (size_t)panels * CX_NR;
+        float *padded = (float *)malloc(sizeof(float) * stride * (size_t)rows);
+        const float **pp = (const float **)malloc(sizeof(float *) * (size_t)rows);
+        if (padded && pp) {
+            for (int r = 0; r < rows; ++r) {
+                memcpy(padded + r * stride, b_rows[r], sizeof(float) * (size_t)K);
+                memset(padded + r * stride + K, 0, sizeof(float) * (stride - (size_t)K));
+            }
+            for (int p = 0; p < panels; p += CX_TN_PANELS) {
+                const int kp = panels - p < CX_TN_PANELS ? panels - p : CX_TN_PANELS;
+                const int k0 = p * CX_NR, rest = K - (p + kp - 1) * CX_NR, kn_last = rest < CX_NR ? rest : CX_NR;
+                const int nm = cx_tn_height(kp);
+                for (int r = 0; r < rows; ++r) pp[r] = padded + r * stride + k0;
+                int m0 = 0;
+                for (; m0 + nm <= M; m0 += nm) cx_tn_block_padded(nm, kp, rows, a_rows, m0, pp, k0, K, kn_last, acc);
+                for (; m0 < M; ++m0) cx_tn_block_padded(1, kp, rows, a_rows, m0, pp, k0, K, kn_last, acc);
+            }
+            free(padded);
+            free(pp);
+            return;
+        }
+        free(padded); /* out of memory: the rows as they are, tails loaded lane by lane */
+        free(pp);
+    }
     for (int p = 0; p < panels; p += CX_TN_PANELS) {
         const int kp = panels - p < CX_TN_PANELS ? panels - p : CX_TN_PANELS;
         const int k0 = p * CX_NR, rest = K - (p + kp - 1) * CX_NR, kn_last = rest < CX_NR ? rest : CX_NR;
@@ -1815,6 +2175,7 @@ CX_API void cx_gemm_tn_acc(int rows, const float *const *a_rows, int M, const fl
 #define CX_GEMM_H
 
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define CX_NR 8
@@ -2641,9 +3002,12 @@ static inline void cx_load_tail(cx_vf *v, const float *src, int n)
     }
 }
 
-/* cx_tn_<nm>x<kp>: nm rows of acc from m0, kp panels of K from k0 (the last one kn_last wide). */
-CX_NOINLINE void cx_tn_8x1(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+/* cx_tn_<nm>x<kp>: nm rows of acc from m0, kp panels of K from k0 (the last one kn_last wide).
+   cx_tnp_<nm>x<kp> (`padded`): the same, its b rows already at k0 and padded to whole panels (zeros), so every
+   load is a whole vector: a tail built lane by lane, per row and block, cost more than the FMAs at widths such
+   as 60 (cx_deferred_block pads them). The sums are the same, in the same order. */
+CX_NOINLINE void cx_tn_8x1(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
@@ -2701,8 +3065,8 @@ CX_NOINLINE void cx_tn_8x1(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 7) * K + k0 + 0 * CX_NR, &c7_0, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_1x1(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tn_1x1(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0};
     for (int r = 0; r < rows; ++r) {
@@ -2718,8 +3082,84 @@ CX_NOINLINE void cx_tn_1x1(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_6x2(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tnp_8x1(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0};
+    cx_vf c1_0 = {0};
+    cx_vf c2_0 = {0};
+    cx_vf c3_0 = {0};
+    cx_vf c4_0 = {0};
+    cx_vf c5_0 = {0};
+    cx_vf c6_0 = {0};
+    cx_vf c7_0 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s);
+        }
+        {
+            const float s = a[1];
+            CX_FMA(c1_0, b0, s);
+        }
+        {
+            const float s = a[2];
+            CX_FMA(c2_0, b0, s);
+        }
+        {
+            const float s = a[3];
+            CX_FMA(c3_0, b0, s);
+        }
+        {
+            const float s = a[4];
+            CX_FMA(c4_0, b0, s);
+        }
+        {
+            const float s = a[5];
+            CX_FMA(c5_0, b0, s);
+        }
+        {
+            const float s = a[6];
+            CX_FMA(c6_0, b0, s);
+        }
+        {
+            const float s = a[7];
+            CX_FMA(c7_0, b0, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 0 * CX_NR, &c1_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 0 * CX_NR, &c2_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 0 * CX_NR, &c3_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 4) * K + k0 + 0 * CX_NR, &c4_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 5) * K + k0 + 0 * CX_NR, &c5_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 6) * K + k0 + 0 * CX_NR, &c6_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 7) * K + k0 + 0 * CX_NR, &c7_0, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tnp_1x1(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tn_6x2(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
@@ -2773,8 +3213,8 @@ CX_NOINLINE void cx_tn_6x2(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 5) * K + k0 + 1 * CX_NR, &c5_1, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_1x2(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tn_1x2(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0}, c0_1 = {0};
     for (int r = 0; r < rows; ++r) {
@@ -2793,8 +3233,83 @@ CX_NOINLINE void cx_tn_1x2(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_4x3(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tnp_6x2(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0}, c0_1 = {0};
+    cx_vf c1_0 = {0}, c1_1 = {0};
+    cx_vf c2_0 = {0}, c2_1 = {0};
+    cx_vf c3_0 = {0}, c3_1 = {0};
+    cx_vf c4_0 = {0}, c4_1 = {0};
+    cx_vf c5_0 = {0}, c5_1 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        cx_vf b1;
+        cx_vload(&b1, br + 1 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s);
+        }
+        {
+            const float s = a[1];
+            CX_FMA(c1_0, b0, s); CX_FMA(c1_1, b1, s);
+        }
+        {
+            const float s = a[2];
+            CX_FMA(c2_0, b0, s); CX_FMA(c2_1, b1, s);
+        }
+        {
+            const float s = a[3];
+            CX_FMA(c3_0, b0, s); CX_FMA(c3_1, b1, s);
+        }
+        {
+            const float s = a[4];
+            CX_FMA(c4_0, b0, s); CX_FMA(c4_1, b1, s);
+        }
+        {
+            const float s = a[5];
+            CX_FMA(c5_0, b0, s); CX_FMA(c5_1, b1, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 0 * CX_NR, &c1_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 1 * CX_NR, &c1_1, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 0 * CX_NR, &c2_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 1 * CX_NR, &c2_1, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 0 * CX_NR, &c3_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 1 * CX_NR, &c3_1, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 4) * K + k0 + 0 * CX_NR, &c4_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 4) * K + k0 + 1 * CX_NR, &c4_1, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 5) * K + k0 + 0 * CX_NR, &c5_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 5) * K + k0 + 1 * CX_NR, &c5_1, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tnp_1x2(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0}, c0_1 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        cx_vf b1;
+        cx_vload(&b1, br + 1 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tn_4x3(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0};
@@ -2840,8 +3355,8 @@ CX_NOINLINE void cx_tn_4x3(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 2 * CX_NR, &c3_2, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_1x3(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tn_1x3(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
     for (int r = 0; r < rows; ++r) {
@@ -2863,8 +3378,78 @@ CX_NOINLINE void cx_tn_1x3(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 2 * CX_NR, &c0_2, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_2x4(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tnp_4x3(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
+    cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0};
+    cx_vf c2_0 = {0}, c2_1 = {0}, c2_2 = {0};
+    cx_vf c3_0 = {0}, c3_1 = {0}, c3_2 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        cx_vf b1;
+        cx_vload(&b1, br + 1 * CX_NR);
+        cx_vf b2;
+        cx_vload(&b2, br + 2 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s); CX_FMA(c0_2, b2, s);
+        }
+        {
+            const float s = a[1];
+            CX_FMA(c1_0, b0, s); CX_FMA(c1_1, b1, s); CX_FMA(c1_2, b2, s);
+        }
+        {
+            const float s = a[2];
+            CX_FMA(c2_0, b0, s); CX_FMA(c2_1, b1, s); CX_FMA(c2_2, b2, s);
+        }
+        {
+            const float s = a[3];
+            CX_FMA(c3_0, b0, s); CX_FMA(c3_1, b1, s); CX_FMA(c3_2, b2, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 2 * CX_NR, &c0_2, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 0 * CX_NR, &c1_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 1 * CX_NR, &c1_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 2 * CX_NR, &c1_2, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 0 * CX_NR, &c2_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 1 * CX_NR, &c2_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 2 * CX_NR, &c2_2, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 0 * CX_NR, &c3_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 1 * CX_NR, &c3_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 2 * CX_NR, &c3_2, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tnp_1x3(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        cx_vf b1;
+        cx_vload(&b1, br + 1 * CX_NR);
+        cx_vf b2;
+        cx_vload(&b2, br + 2 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s); CX_FMA(c0_2, b2, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 2 * CX_NR, &c0_2, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tn_2x4(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
@@ -2898,8 +3483,8 @@ CX_NOINLINE void cx_tn_2x4(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 3 * CX_NR, &c1_3, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_1x4(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tn_1x4(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
     for (int r = 0; r < rows; ++r) {
@@ -2913,6 +3498,67 @@ CX_NOINLINE void cx_tn_1x4(int rows, const float *const *a_rows, int m0, const f
         cx_vload(&b2, br + 2 * CX_NR);
         cx_vf b3;
         cx_load_tail(&b3, br + 3 * CX_NR, kn_last);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s); CX_FMA(c0_2, b2, s); CX_FMA(c0_3, b3, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 2 * CX_NR, &c0_2, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 3 * CX_NR, &c0_3, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tnp_2x4(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        cx_vf b1;
+        cx_vload(&b1, br + 1 * CX_NR);
+        cx_vf b2;
+        cx_vload(&b2, br + 2 * CX_NR);
+        cx_vf b3;
+        cx_vload(&b3, br + 3 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s); CX_FMA(c0_2, b2, s); CX_FMA(c0_3, b3, s);
+        }
+        {
+            const float s = a[1];
+            CX_FMA(c1_0, b0, s); CX_FMA(c1_1, b1, s); CX_FMA(c1_2, b2, s); CX_FMA(c1_3, b3, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 2 * CX_NR, &c0_2, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 3 * CX_NR, &c0_3, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 0 * CX_NR, &c1_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 1 * CX_NR, &c1_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 2 * CX_NR, &c1_2, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 3 * CX_NR, &c1_3, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tnp_1x4(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        cx_vf b1;
+        cx_vload(&b1, br + 1 * CX_NR);
+        cx_vf b2;
+        cx_vload(&b2, br + 2 * CX_NR);
+        cx_vf b3;
+        cx_vload(&b3, br + 3 * CX_NR);
         {
             const float s = a[0];
             CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s); CX_FMA(c0_2, b2, s); CX_FMA(c0_3, b3, s);
@@ -2955,10 +3601,52 @@ static void cx_tn_block(int nm, int kp, int rows, const float *const *a_rows, in
     }
 }
 
+/* cx_tn_block with b rows padded (cx_tnp_*): each b_rows[r] points at column k0, kp whole panels. */
+static void cx_tn_block_padded(int nm, int kp, int rows, const float *const *a_rows, int m0,
+                               const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    switch (kp * 16 + nm) {
+    case 24: cx_tnp_8x1(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 17: cx_tnp_1x1(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 38: cx_tnp_6x2(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 33: cx_tnp_1x2(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 52: cx_tnp_4x3(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 49: cx_tnp_1x3(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 66: cx_tnp_2x4(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 65: cx_tnp_1x4(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    default: break;
+    }
+}
+
 CX_API void cx_gemm_tn_acc(int rows, const float *const *a_rows, int M, const float *const *b_rows, int K,
                            float *acc)
 {
     const int panels = (K + CX_NR - 1) / CX_NR;
+    if (K % CX_NR && rows > 0) { /* a tail panel: the b rows copied once, padded to whole panels (cx_tnp_*) */
+        const size_t stride = (size_t)panels * CX_NR;
+        float *padded = (float *)malloc(sizeof(float) * stride * (size_t)rows);
+        const float **pp = (const float **)malloc(sizeof(float *) * (size_t)rows);
+        if (padded && pp) {
+            for (int r = 0; r < rows; ++r) {
+                memcpy(padded + r * stride, b_rows[r], sizeof(float) * (size_t)K);
+                memset(padded + r * stride + K, 0, sizeof(float) * (stride - (size_t)K));
+            }
+            for (int p = 0; p < panels; p += CX_TN_PANELS) {
+                const int kp = panels - p < CX_TN_PANELS ? panels - p : CX_TN_PANELS;
+                const int k0 = p * CX_NR, rest = K - (p + kp - 1) * CX_NR, kn_last = rest < CX_NR ? rest : CX_NR;
+                const int nm = cx_tn_height(kp);
+                for (int r = 0; r < rows; ++r) pp[r] = padded + r * stride + k0;
+                int m0 = 0;
+                for (; m0 + nm <= M; m0 += nm) cx_tn_block_padded(nm, kp, rows, a_rows, m0, pp, k0, K, kn_last, acc);
+                for (; m0 < M; ++m0) cx_tn_block_padded(1, kp, rows, a_rows, m0, pp, k0, K, kn_last, acc);
+            }
+            free(padded);
+            free(pp);
+            return;
+        }
+        free(padded); /* out of memory: the rows as they are, tails loaded lane by lane */
+        free(pp);
+    }
     for (int p = 0; p < panels; p += CX_TN_PANELS) {
         const int kp = panels - p < CX_TN_PANELS ? panels - p : CX_TN_PANELS;
         const int k0 = p * CX_NR, rest = K - (p + kp - 1) * CX_NR, kn_last = rest < CX_NR ? rest : CX_NR;
@@ -2993,6 +3681,7 @@ CX_API void cx_gemm_tn_acc(int rows, const float *const *a_rows, int M, const fl
 #define CX_GEMM_H
 
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define CX_NR 4
@@ -4360,9 +5049,12 @@ static inline void cx_load_tail(cx_vf *v, const float *src, int n)
     }
 }
 
-/* cx_tn_<nm>x<kp>: nm rows of acc from m0, kp panels of K from k0 (the last one kn_last wide). */
-CX_NOINLINE void cx_tn_8x1(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+/* cx_tn_<nm>x<kp>: nm rows of acc from m0, kp panels of K from k0 (the last one kn_last wide).
+   cx_tnp_<nm>x<kp> (`padded`): the same, its b rows already at k0 and padded to whole panels (zeros), so every
+   load is a whole vector: a tail built lane by lane, per row and block, cost more than the FMAs at widths such
+   as 60 (cx_deferred_block pads them). The sums are the same, in the same order. */
+CX_NOINLINE void cx_tn_8x1(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
@@ -4420,8 +5112,8 @@ CX_NOINLINE void cx_tn_8x1(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 7) * K + k0 + 0 * CX_NR, &c7_0, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_1x1(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tn_1x1(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0};
     for (int r = 0; r < rows; ++r) {
@@ -4437,8 +5129,84 @@ CX_NOINLINE void cx_tn_1x1(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_8x2(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tnp_8x1(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0};
+    cx_vf c1_0 = {0};
+    cx_vf c2_0 = {0};
+    cx_vf c3_0 = {0};
+    cx_vf c4_0 = {0};
+    cx_vf c5_0 = {0};
+    cx_vf c6_0 = {0};
+    cx_vf c7_0 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s);
+        }
+        {
+            const float s = a[1];
+            CX_FMA(c1_0, b0, s);
+        }
+        {
+            const float s = a[2];
+            CX_FMA(c2_0, b0, s);
+        }
+        {
+            const float s = a[3];
+            CX_FMA(c3_0, b0, s);
+        }
+        {
+            const float s = a[4];
+            CX_FMA(c4_0, b0, s);
+        }
+        {
+            const float s = a[5];
+            CX_FMA(c5_0, b0, s);
+        }
+        {
+            const float s = a[6];
+            CX_FMA(c6_0, b0, s);
+        }
+        {
+            const float s = a[7];
+            CX_FMA(c7_0, b0, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 0 * CX_NR, &c1_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 0 * CX_NR, &c2_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 0 * CX_NR, &c3_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 4) * K + k0 + 0 * CX_NR, &c4_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 5) * K + k0 + 0 * CX_NR, &c5_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 6) * K + k0 + 0 * CX_NR, &c6_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 7) * K + k0 + 0 * CX_NR, &c7_0, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tnp_1x1(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tn_8x2(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
@@ -4506,8 +5274,8 @@ CX_NOINLINE void cx_tn_8x2(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 7) * K + k0 + 1 * CX_NR, &c7_1, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_1x2(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tn_1x2(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0}, c0_1 = {0};
     for (int r = 0; r < rows; ++r) {
@@ -4526,8 +5294,97 @@ CX_NOINLINE void cx_tn_1x2(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_4x3(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tnp_8x2(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0}, c0_1 = {0};
+    cx_vf c1_0 = {0}, c1_1 = {0};
+    cx_vf c2_0 = {0}, c2_1 = {0};
+    cx_vf c3_0 = {0}, c3_1 = {0};
+    cx_vf c4_0 = {0}, c4_1 = {0};
+    cx_vf c5_0 = {0}, c5_1 = {0};
+    cx_vf c6_0 = {0}, c6_1 = {0};
+    cx_vf c7_0 = {0}, c7_1 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        cx_vf b1;
+        cx_vload(&b1, br + 1 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s);
+        }
+        {
+            const float s = a[1];
+            CX_FMA(c1_0, b0, s); CX_FMA(c1_1, b1, s);
+        }
+        {
+            const float s = a[2];
+            CX_FMA(c2_0, b0, s); CX_FMA(c2_1, b1, s);
+        }
+        {
+            const float s = a[3];
+            CX_FMA(c3_0, b0, s); CX_FMA(c3_1, b1, s);
+        }
+        {
+            const float s = a[4];
+            CX_FMA(c4_0, b0, s); CX_FMA(c4_1, b1, s);
+        }
+        {
+            const float s = a[5];
+            CX_FMA(c5_0, b0, s); CX_FMA(c5_1, b1, s);
+        }
+        {
+            const float s = a[6];
+            CX_FMA(c6_0, b0, s); CX_FMA(c6_1, b1, s);
+        }
+        {
+            const float s = a[7];
+            CX_FMA(c7_0, b0, s); CX_FMA(c7_1, b1, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 0 * CX_NR, &c1_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 1 * CX_NR, &c1_1, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 0 * CX_NR, &c2_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 1 * CX_NR, &c2_1, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 0 * CX_NR, &c3_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 1 * CX_NR, &c3_1, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 4) * K + k0 + 0 * CX_NR, &c4_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 4) * K + k0 + 1 * CX_NR, &c4_1, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 5) * K + k0 + 0 * CX_NR, &c5_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 5) * K + k0 + 1 * CX_NR, &c5_1, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 6) * K + k0 + 0 * CX_NR, &c6_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 6) * K + k0 + 1 * CX_NR, &c6_1, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 7) * K + k0 + 0 * CX_NR, &c7_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 7) * K + k0 + 1 * CX_NR, &c7_1, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tnp_1x2(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0}, c0_1 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        cx_vf b1;
+        cx_vload(&b1, br + 1 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tn_4x3(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0};
@@ -4573,8 +5430,8 @@ CX_NOINLINE void cx_tn_4x3(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 2 * CX_NR, &c3_2, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_1x3(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tn_1x3(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
     for (int r = 0; r < rows; ++r) {
@@ -4596,8 +5453,78 @@ CX_NOINLINE void cx_tn_1x3(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 2 * CX_NR, &c0_2, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_4x4(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tnp_4x3(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
+    cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0};
+    cx_vf c2_0 = {0}, c2_1 = {0}, c2_2 = {0};
+    cx_vf c3_0 = {0}, c3_1 = {0}, c3_2 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        cx_vf b1;
+        cx_vload(&b1, br + 1 * CX_NR);
+        cx_vf b2;
+        cx_vload(&b2, br + 2 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s); CX_FMA(c0_2, b2, s);
+        }
+        {
+            const float s = a[1];
+            CX_FMA(c1_0, b0, s); CX_FMA(c1_1, b1, s); CX_FMA(c1_2, b2, s);
+        }
+        {
+            const float s = a[2];
+            CX_FMA(c2_0, b0, s); CX_FMA(c2_1, b1, s); CX_FMA(c2_2, b2, s);
+        }
+        {
+            const float s = a[3];
+            CX_FMA(c3_0, b0, s); CX_FMA(c3_1, b1, s); CX_FMA(c3_2, b2, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 2 * CX_NR, &c0_2, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 0 * CX_NR, &c1_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 1 * CX_NR, &c1_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 2 * CX_NR, &c1_2, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 0 * CX_NR, &c2_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 1 * CX_NR, &c2_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 2 * CX_NR, &c2_2, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 0 * CX_NR, &c3_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 1 * CX_NR, &c3_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 2 * CX_NR, &c3_2, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tnp_1x3(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        cx_vf b1;
+        cx_vload(&b1, br + 1 * CX_NR);
+        cx_vf b2;
+        cx_vload(&b2, br + 2 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s); CX_FMA(c0_2, b2, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 2 * CX_NR, &c0_2, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tn_4x4(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
@@ -4649,8 +5576,8 @@ CX_NOINLINE void cx_tn_4x4(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 3 * CX_NR, &c3_3, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_1x4(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tn_1x4(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
     for (int r = 0; r < rows; ++r) {
@@ -4664,6 +5591,85 @@ CX_NOINLINE void cx_tn_1x4(int rows, const float *const *a_rows, int m0, const f
         cx_vload(&b2, br + 2 * CX_NR);
         cx_vf b3;
         cx_load_tail(&b3, br + 3 * CX_NR, kn_last);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s); CX_FMA(c0_2, b2, s); CX_FMA(c0_3, b3, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 2 * CX_NR, &c0_2, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 3 * CX_NR, &c0_3, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tnp_4x4(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    cx_vf c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
+    cx_vf c3_0 = {0}, c3_1 = {0}, c3_2 = {0}, c3_3 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        cx_vf b1;
+        cx_vload(&b1, br + 1 * CX_NR);
+        cx_vf b2;
+        cx_vload(&b2, br + 2 * CX_NR);
+        cx_vf b3;
+        cx_vload(&b3, br + 3 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s); CX_FMA(c0_2, b2, s); CX_FMA(c0_3, b3, s);
+        }
+        {
+            const float s = a[1];
+            CX_FMA(c1_0, b0, s); CX_FMA(c1_1, b1, s); CX_FMA(c1_2, b2, s); CX_FMA(c1_3, b3, s);
+        }
+        {
+            const float s = a[2];
+            CX_FMA(c2_0, b0, s); CX_FMA(c2_1, b1, s); CX_FMA(c2_2, b2, s); CX_FMA(c2_3, b3, s);
+        }
+        {
+            const float s = a[3];
+            CX_FMA(c3_0, b0, s); CX_FMA(c3_1, b1, s); CX_FMA(c3_2, b2, s); CX_FMA(c3_3, b3, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 2 * CX_NR, &c0_2, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 3 * CX_NR, &c0_3, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 0 * CX_NR, &c1_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 1 * CX_NR, &c1_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 2 * CX_NR, &c1_2, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 3 * CX_NR, &c1_3, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 0 * CX_NR, &c2_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 1 * CX_NR, &c2_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 2 * CX_NR, &c2_2, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 3 * CX_NR, &c2_3, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 0 * CX_NR, &c3_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 1 * CX_NR, &c3_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 2 * CX_NR, &c3_2, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 3 * CX_NR, &c3_3, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tnp_1x4(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        cx_vf b1;
+        cx_vload(&b1, br + 1 * CX_NR);
+        cx_vf b2;
+        cx_vload(&b2, br + 2 * CX_NR);
+        cx_vf b3;
+        cx_vload(&b3, br + 3 * CX_NR);
         {
             const float s = a[0];
             CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s); CX_FMA(c0_2, b2, s); CX_FMA(c0_3, b3, s);
@@ -4706,10 +5712,52 @@ static void cx_tn_block(int nm, int kp, int rows, const float *const *a_rows, in
     }
 }
 
+/* cx_tn_block with b rows padded (cx_tnp_*): each b_rows[r] points at column k0, kp whole panels. */
+static void cx_tn_block_padded(int nm, int kp, int rows, const float *const *a_rows, int m0,
+                               const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    switch (kp * 16 + nm) {
+    case 24: cx_tnp_8x1(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 17: cx_tnp_1x1(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 40: cx_tnp_8x2(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 33: cx_tnp_1x2(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 52: cx_tnp_4x3(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 49: cx_tnp_1x3(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 68: cx_tnp_4x4(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 65: cx_tnp_1x4(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    default: break;
+    }
+}
+
 CX_API void cx_gemm_tn_acc(int rows, const float *const *a_rows, int M, const float *const *b_rows, int K,
                            float *acc)
 {
     const int panels = (K + CX_NR - 1) / CX_NR;
+    if (K % CX_NR && rows > 0) { /* a tail panel: the b rows copied once, padded to whole panels (cx_tnp_*) */
+        const size_t stride = (size_t)panels * CX_NR;
+        float *padded = (float *)malloc(sizeof(float) * stride * (size_t)rows);
+        const float **pp = (const float **)malloc(sizeof(float *) * (size_t)rows);
+        if (padded && pp) {
+            for (int r = 0; r < rows; ++r) {
+                memcpy(padded + r * stride, b_rows[r], sizeof(float) * (size_t)K);
+                memset(padded + r * stride + K, 0, sizeof(float) * (stride - (size_t)K));
+            }
+            for (int p = 0; p < panels; p += CX_TN_PANELS) {
+                const int kp = panels - p < CX_TN_PANELS ? panels - p : CX_TN_PANELS;
+                const int k0 = p * CX_NR, rest = K - (p + kp - 1) * CX_NR, kn_last = rest < CX_NR ? rest : CX_NR;
+                const int nm = cx_tn_height(kp);
+                for (int r = 0; r < rows; ++r) pp[r] = padded + r * stride + k0;
+                int m0 = 0;
+                for (; m0 + nm <= M; m0 += nm) cx_tn_block_padded(nm, kp, rows, a_rows, m0, pp, k0, K, kn_last, acc);
+                for (; m0 < M; ++m0) cx_tn_block_padded(1, kp, rows, a_rows, m0, pp, k0, K, kn_last, acc);
+            }
+            free(padded);
+            free(pp);
+            return;
+        }
+        free(padded); /* out of memory: the rows as they are, tails loaded lane by lane */
+        free(pp);
+    }
     for (int p = 0; p < panels; p += CX_TN_PANELS) {
         const int kp = panels - p < CX_TN_PANELS ? panels - p : CX_TN_PANELS;
         const int k0 = p * CX_NR, rest = K - (p + kp - 1) * CX_NR, kn_last = rest < CX_NR ? rest : CX_NR;
@@ -4744,6 +5792,7 @@ CX_API void cx_gemm_tn_acc(int rows, const float *const *a_rows, int M, const fl
 #define CX_GEMM_H
 
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define CX_NR 4
@@ -5570,9 +6619,12 @@ static inline void cx_load_tail(cx_vf *v, const float *src, int n)
     }
 }
 
-/* cx_tn_<nm>x<kp>: nm rows of acc from m0, kp panels of K from k0 (the last one kn_last wide). */
-CX_NOINLINE void cx_tn_8x1(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+/* cx_tn_<nm>x<kp>: nm rows of acc from m0, kp panels of K from k0 (the last one kn_last wide).
+   cx_tnp_<nm>x<kp> (`padded`): the same, its b rows already at k0 and padded to whole panels (zeros), so every
+   load is a whole vector: a tail built lane by lane, per row and block, cost more than the FMAs at widths such
+   as 60 (cx_deferred_block pads them). The sums are the same, in the same order. */
+CX_NOINLINE void cx_tn_8x1(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
@@ -5630,8 +6682,8 @@ CX_NOINLINE void cx_tn_8x1(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 7) * K + k0 + 0 * CX_NR, &c7_0, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_1x1(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tn_1x1(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0};
     for (int r = 0; r < rows; ++r) {
@@ -5647,8 +6699,84 @@ CX_NOINLINE void cx_tn_1x1(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_6x2(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tnp_8x1(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0};
+    cx_vf c1_0 = {0};
+    cx_vf c2_0 = {0};
+    cx_vf c3_0 = {0};
+    cx_vf c4_0 = {0};
+    cx_vf c5_0 = {0};
+    cx_vf c6_0 = {0};
+    cx_vf c7_0 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s);
+        }
+        {
+            const float s = a[1];
+            CX_FMA(c1_0, b0, s);
+        }
+        {
+            const float s = a[2];
+            CX_FMA(c2_0, b0, s);
+        }
+        {
+            const float s = a[3];
+            CX_FMA(c3_0, b0, s);
+        }
+        {
+            const float s = a[4];
+            CX_FMA(c4_0, b0, s);
+        }
+        {
+            const float s = a[5];
+            CX_FMA(c5_0, b0, s);
+        }
+        {
+            const float s = a[6];
+            CX_FMA(c6_0, b0, s);
+        }
+        {
+            const float s = a[7];
+            CX_FMA(c7_0, b0, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 0 * CX_NR, &c1_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 0 * CX_NR, &c2_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 0 * CX_NR, &c3_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 4) * K + k0 + 0 * CX_NR, &c4_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 5) * K + k0 + 0 * CX_NR, &c5_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 6) * K + k0 + 0 * CX_NR, &c6_0, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 7) * K + k0 + 0 * CX_NR, &c7_0, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tnp_1x1(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tn_6x2(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
@@ -5702,8 +6830,8 @@ CX_NOINLINE void cx_tn_6x2(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 5) * K + k0 + 1 * CX_NR, &c5_1, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_1x2(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tn_1x2(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0}, c0_1 = {0};
     for (int r = 0; r < rows; ++r) {
@@ -5722,8 +6850,83 @@ CX_NOINLINE void cx_tn_1x2(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_4x3(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tnp_6x2(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0}, c0_1 = {0};
+    cx_vf c1_0 = {0}, c1_1 = {0};
+    cx_vf c2_0 = {0}, c2_1 = {0};
+    cx_vf c3_0 = {0}, c3_1 = {0};
+    cx_vf c4_0 = {0}, c4_1 = {0};
+    cx_vf c5_0 = {0}, c5_1 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        cx_vf b1;
+        cx_vload(&b1, br + 1 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s);
+        }
+        {
+            const float s = a[1];
+            CX_FMA(c1_0, b0, s); CX_FMA(c1_1, b1, s);
+        }
+        {
+            const float s = a[2];
+            CX_FMA(c2_0, b0, s); CX_FMA(c2_1, b1, s);
+        }
+        {
+            const float s = a[3];
+            CX_FMA(c3_0, b0, s); CX_FMA(c3_1, b1, s);
+        }
+        {
+            const float s = a[4];
+            CX_FMA(c4_0, b0, s); CX_FMA(c4_1, b1, s);
+        }
+        {
+            const float s = a[5];
+            CX_FMA(c5_0, b0, s); CX_FMA(c5_1, b1, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 0 * CX_NR, &c1_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 1 * CX_NR, &c1_1, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 0 * CX_NR, &c2_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 1 * CX_NR, &c2_1, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 0 * CX_NR, &c3_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 1 * CX_NR, &c3_1, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 4) * K + k0 + 0 * CX_NR, &c4_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 4) * K + k0 + 1 * CX_NR, &c4_1, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 5) * K + k0 + 0 * CX_NR, &c5_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 5) * K + k0 + 1 * CX_NR, &c5_1, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tnp_1x2(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0}, c0_1 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        cx_vf b1;
+        cx_vload(&b1, br + 1 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tn_4x3(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0};
@@ -5769,8 +6972,8 @@ CX_NOINLINE void cx_tn_4x3(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 2 * CX_NR, &c3_2, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_1x3(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tn_1x3(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
     for (int r = 0; r < rows; ++r) {
@@ -5792,8 +6995,78 @@ CX_NOINLINE void cx_tn_1x3(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 2 * CX_NR, &c0_2, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_2x4(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tnp_4x3(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
+    cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0};
+    cx_vf c2_0 = {0}, c2_1 = {0}, c2_2 = {0};
+    cx_vf c3_0 = {0}, c3_1 = {0}, c3_2 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        cx_vf b1;
+        cx_vload(&b1, br + 1 * CX_NR);
+        cx_vf b2;
+        cx_vload(&b2, br + 2 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s); CX_FMA(c0_2, b2, s);
+        }
+        {
+            const float s = a[1];
+            CX_FMA(c1_0, b0, s); CX_FMA(c1_1, b1, s); CX_FMA(c1_2, b2, s);
+        }
+        {
+            const float s = a[2];
+            CX_FMA(c2_0, b0, s); CX_FMA(c2_1, b1, s); CX_FMA(c2_2, b2, s);
+        }
+        {
+            const float s = a[3];
+            CX_FMA(c3_0, b0, s); CX_FMA(c3_1, b1, s); CX_FMA(c3_2, b2, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 2 * CX_NR, &c0_2, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 0 * CX_NR, &c1_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 1 * CX_NR, &c1_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 2 * CX_NR, &c1_2, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 0 * CX_NR, &c2_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 1 * CX_NR, &c2_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 2) * K + k0 + 2 * CX_NR, &c2_2, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 0 * CX_NR, &c3_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 1 * CX_NR, &c3_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 3) * K + k0 + 2 * CX_NR, &c3_2, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tnp_1x3(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        cx_vf b1;
+        cx_vload(&b1, br + 1 * CX_NR);
+        cx_vf b2;
+        cx_vload(&b2, br + 2 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s); CX_FMA(c0_2, b2, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 2 * CX_NR, &c0_2, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tn_2x4(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
@@ -5827,8 +7100,8 @@ CX_NOINLINE void cx_tn_2x4(int rows, const float *const *a_rows, int m0, const f
     cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 3 * CX_NR, &c1_3, kn_last, 1);
 }
 
-CX_NOINLINE void cx_tn_1x4(int rows, const float *const *a_rows, int m0, const float *const *b_rows,
-                                        int k0, int K, int kn_last, float *acc)
+CX_NOINLINE void cx_tn_1x4(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
 {
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
     for (int r = 0; r < rows; ++r) {
@@ -5842,6 +7115,67 @@ CX_NOINLINE void cx_tn_1x4(int rows, const float *const *a_rows, int m0, const f
         cx_vload(&b2, br + 2 * CX_NR);
         cx_vf b3;
         cx_load_tail(&b3, br + 3 * CX_NR, kn_last);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s); CX_FMA(c0_2, b2, s); CX_FMA(c0_3, b3, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 2 * CX_NR, &c0_2, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 3 * CX_NR, &c0_3, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tnp_2x4(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        cx_vf b1;
+        cx_vload(&b1, br + 1 * CX_NR);
+        cx_vf b2;
+        cx_vload(&b2, br + 2 * CX_NR);
+        cx_vf b3;
+        cx_vload(&b3, br + 3 * CX_NR);
+        {
+            const float s = a[0];
+            CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s); CX_FMA(c0_2, b2, s); CX_FMA(c0_3, b3, s);
+        }
+        {
+            const float s = a[1];
+            CX_FMA(c1_0, b0, s); CX_FMA(c1_1, b1, s); CX_FMA(c1_2, b2, s); CX_FMA(c1_3, b3, s);
+        }
+    }
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 0 * CX_NR, &c0_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 1 * CX_NR, &c0_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 2 * CX_NR, &c0_2, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 0) * K + k0 + 3 * CX_NR, &c0_3, kn_last, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 0 * CX_NR, &c1_0, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 1 * CX_NR, &c1_1, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 2 * CX_NR, &c1_2, CX_NR, 1);
+    cx_vstore(acc + (size_t)(m0 + 1) * K + k0 + 3 * CX_NR, &c1_3, kn_last, 1);
+}
+
+CX_NOINLINE void cx_tnp_1x4(int rows, const float *const *a_rows, int m0,
+                                        const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
+    for (int r = 0; r < rows; ++r) {
+        const float *br = b_rows[r];
+        const float *a = a_rows[r] + m0;
+        cx_vf b0;
+        cx_vload(&b0, br + 0 * CX_NR);
+        cx_vf b1;
+        cx_vload(&b1, br + 1 * CX_NR);
+        cx_vf b2;
+        cx_vload(&b2, br + 2 * CX_NR);
+        cx_vf b3;
+        cx_vload(&b3, br + 3 * CX_NR);
         {
             const float s = a[0];
             CX_FMA(c0_0, b0, s); CX_FMA(c0_1, b1, s); CX_FMA(c0_2, b2, s); CX_FMA(c0_3, b3, s);
@@ -5884,10 +7218,52 @@ static void cx_tn_block(int nm, int kp, int rows, const float *const *a_rows, in
     }
 }
 
+/* cx_tn_block with b rows padded (cx_tnp_*): each b_rows[r] points at column k0, kp whole panels. */
+static void cx_tn_block_padded(int nm, int kp, int rows, const float *const *a_rows, int m0,
+                               const float *const *b_rows, int k0, int K, int kn_last, float *acc)
+{
+    switch (kp * 16 + nm) {
+    case 24: cx_tnp_8x1(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 17: cx_tnp_1x1(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 38: cx_tnp_6x2(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 33: cx_tnp_1x2(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 52: cx_tnp_4x3(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 49: cx_tnp_1x3(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 66: cx_tnp_2x4(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    case 65: cx_tnp_1x4(rows, a_rows, m0, b_rows, k0, K, kn_last, acc); break;
+    default: break;
+    }
+}
+
 CX_API void cx_gemm_tn_acc(int rows, const float *const *a_rows, int M, const float *const *b_rows, int K,
                            float *acc)
 {
     const int panels = (K + CX_NR - 1) / CX_NR;
+    if (K % CX_NR && rows > 0) { /* a tail panel: the b rows copied once, padded to whole panels (cx_tnp_*) */
+        const size_t stride = (size_t)panels * CX_NR;
+        float *padded = (float *)malloc(sizeof(float) * stride * (size_t)rows);
+        const float **pp = (const float **)malloc(sizeof(float *) * (size_t)rows);
+        if (padded && pp) {
+            for (int r = 0; r < rows; ++r) {
+                memcpy(padded + r * stride, b_rows[r], sizeof(float) * (size_t)K);
+                memset(padded + r * stride + K, 0, sizeof(float) * (stride - (size_t)K));
+            }
+            for (int p = 0; p < panels; p += CX_TN_PANELS) {
+                const int kp = panels - p < CX_TN_PANELS ? panels - p : CX_TN_PANELS;
+                const int k0 = p * CX_NR, rest = K - (p + kp - 1) * CX_NR, kn_last = rest < CX_NR ? rest : CX_NR;
+                const int nm = cx_tn_height(kp);
+                for (int r = 0; r < rows; ++r) pp[r] = padded + r * stride + k0;
+                int m0 = 0;
+                for (; m0 + nm <= M; m0 += nm) cx_tn_block_padded(nm, kp, rows, a_rows, m0, pp, k0, K, kn_last, acc);
+                for (; m0 < M; ++m0) cx_tn_block_padded(1, kp, rows, a_rows, m0, pp, k0, K, kn_last, acc);
+            }
+            free(padded);
+            free(pp);
+            return;
+        }
+        free(padded); /* out of memory: the rows as they are, tails loaded lane by lane */
+        free(pp);
+    }
     for (int p = 0; p < panels; p += CX_TN_PANELS) {
         const int kp = panels - p < CX_TN_PANELS ? panels - p : CX_TN_PANELS;
         const int k0 = p * CX_NR, rest = K - (p + kp - 1) * CX_NR, kn_last = rest < CX_NR ? rest : CX_NR;
@@ -6717,6 +8093,8 @@ static void cx_deferred_block(const float *factors, int64_t first, int64_t last,
                               float *dw, const float **ap)
 {
     const float **bp = ap + CX_DEFER_ROWS;
+    float padded[CX_DEFER_ROWS * CX_TN_PANELS * CX_NR]; /* a pass's b rows of a tail block, whole panels */
+    const float *pp[CX_DEFER_ROWS];
     const int64_t width = (int64_t)M + K;
     const int m_end = m0 + CX_DEFER_TM < M ? m0 + CX_DEFER_TM : M;
     const int k_end = k0 + CX_DEFER_TK < K ? k0 + CX_DEFER_TK : K;
@@ -6732,6 +8110,18 @@ static void cx_deferred_block(const float *factors, int64_t first, int64_t last,
             const int rest = k_end - (kb + (kp - 1) * CX_NR), kn_last = rest < CX_NR ? rest : CX_NR;
             const int nm = cx_tn_height(kp);
             int m = m0;
+            if (kn_last < CX_NR) { /* a tail panel: the rows' columns copied once, padded with zeros (cx_tnp_*) */
+                const int stride = kp * CX_NR, used = (kp - 1) * CX_NR + kn_last;
+                for (int r = 0; r < rows; ++r) {
+                    float *row = padded + (size_t)r * stride;
+                    memcpy(row, bp[r] + kb, sizeof(float) * (size_t)used);
+                    memset(row + used, 0, sizeof(float) * (size_t)(stride - used));
+                    pp[r] = row;
+                }
+                for (; m + nm <= m_end; m += nm) cx_tn_block_padded(nm, kp, rows, ap, m, pp, kb, K, kn_last, dw);
+                for (; m < m_end; ++m) cx_tn_block_padded(1, kp, rows, ap, m, pp, kb, K, kn_last, dw);
+                continue;
+            }
             for (; m + nm <= m_end; m += nm) cx_tn_block(nm, kp, rows, ap, m, bp, kb, K, kn_last, dw);
             for (; m < m_end; ++m) cx_tn_block(1, kp, rows, ap, m, bp, kb, K, kn_last, dw);
         }
