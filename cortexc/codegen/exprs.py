@@ -92,6 +92,7 @@ class KernelExprs:
         self.saved = saved or {}
         self.values = kernel.body.values
         self.buffer_width = {b.name: b.width for b in kernel.buffers}
+        self.grid = 0  # while a Loop step is rendered as rows p x columns q of this width: its `col_split`
 
     def adjoint(self, name: str, row: str, row_width: int, col: str) -> str:
         """The incoming gradient of result `name` for this kernel's row."""
@@ -189,6 +190,13 @@ class _Element:
 
     def has_child(self, k: int) -> str:
         return f"(eb[{self.row} + 1] - eb[{self.row}] > {k})"
+
+    def col_split(self, k: int) -> tuple[str, str]:
+        if self.col == "j" and self.exprs.grid == k:  # the loop walks rows p and columns q (`dialect.for_rows_grid`)
+            return "p", "q"
+        if self.col == f"p * {k} + r":  # a small matmul's operand, element (p, r) (`small_matmul` in kernels.j2)
+            return "p", "r"
+        return f"({self.col}) / {k}", f"({self.col}) % {k}"
 
     def edge_position(self) -> str:
         return f"(float)(({self.row}) - eb[er[{self.row}]])"

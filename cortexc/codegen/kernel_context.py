@@ -154,16 +154,17 @@ def kernel_context(
         else:
             child_floats += buffer.width
     offset_terms = _offset(node_floats, child_floats)
-    steps = [_step_context(exprs, kernel, step) for step in kernel.steps]
+    split = kernel.split if target.column_split else None
+    whole = [split is None or not split.split_steps[n] for n in range(len(kernel.steps))]  # columns not split
+    steps = [_step_context(exprs, kernel, step, grid_ok) for step, grid_ok in zip(kernel.steps, whole)]
     # a loop or store whose text has dropout is versioned on the call's train flag: the evaluation-mode
     # copy computes exactly e (a branch inside the loop would be if-converted, the masks computed anyway)
     plain = KernelExprs(cell, kernel, train=False, saved=saved)
-    for step, context in zip(kernel.steps, steps):
+    for step, context, grid_ok in zip(kernel.steps, steps, whole):
         if context["kind"] in ("loop", "store"):
-            text = _step_context(plain, kernel, step)["expr"]
+            text = _step_context(plain, kernel, step, grid_ok)["expr"]
             versioned = text != context["expr"] and context.get("mode") != StoreMode.ATOMIC_ADD.value
             context["expr_eval"] = text if versioned else ""
-    split = kernel.split if target.column_split else None
     packed_index = {w.name: i for i, w in enumerate(program.packed)}
     for number, (step, context) in enumerate(zip(kernel.steps, steps)):
         context["split"] = split is not None and split.split_steps[number]
@@ -327,7 +328,20 @@ def _row_context(exprs: KernelExprs, value: Value, step: Row) -> dict[str, Any]:
     }
 
 
-def _step_context(exprs: KernelExprs, kernel: Kernel, step) -> dict[str, Any]:
+def _loop_grid(kernel: Kernel, step: Loop) -> int:
+    """The width k of the matrix a Loop step writes whole, as rows x k columns, where the value is an outer
+    product (its C then reads the loop's own row and column, `col_split`): else 0, a flat loop over j."""
+    value = kernel.body.values[step.value]
+    while value.op == Op.RESHAPE:  # a view: the same elements, the same col
+        value = kernel.body.values[value.args[0]]
+    if value.op != Op.OUTER or not step.compute or step.width != width(value):
+        return 0
+    return value.shape[1] if len(_pad_spans(kernel, step.value, step.width)) == 1 else 0
+
+
+def _step_context(exprs: KernelExprs, kernel: Kernel, step, grid_ok: bool = False) -> dict[str, Any]:
+    """A step's template context; `grid_ok`: its columns are not split over blocks (a Loop may then walk a
+    matrix by row and column, `_loop_grid`)."""
     values = kernel.body.values
     if isinstance(step, Gemm):
         return {
@@ -343,6 +357,9 @@ def _step_context(exprs: KernelExprs, kernel: Kernel, step) -> dict[str, Any]:
     if isinstance(step, Loop):
         render = exprs.compute if step.compute else exprs.ref
         out_width = next(b.width for b in kernel.buffers if b.name == step.out)
+        exprs.grid = _loop_grid(kernel, step) if grid_ok else 0
+        expr = render(step.value, step.rows, "i", "j")
+        grid, exprs.grid = exprs.grid, 0
         return {
             "kind": "loop",
             "doc": f"{step.out}[:, {step.column}:{step.column + step.width}] = %{step.value}",
@@ -351,8 +368,9 @@ def _step_context(exprs: KernelExprs, kernel: Kernel, step) -> dict[str, Any]:
             "out_width": out_width,
             "column": step.column,
             "width": step.width,
-            "expr": render(step.value, step.rows, "i", "j"),
+            "expr": expr,
             "spans": _pad_spans(kernel, step.value, step.width) if step.compute else [(0, step.width)],
+            "grid": [step.width // grid, grid] if grid else [],
         }
     if isinstance(step, Reduce):
         value = values[step.value]

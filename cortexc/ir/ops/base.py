@@ -297,6 +297,12 @@ class Emitter(Protocol):
         """Whether this node row's node has a child k (a C condition)."""
         ...
 
+    def col_split(self, k: int) -> tuple[str, str]:
+        """This element's row and column in a matrix of `k` columns, `(col / k, col % k)`: the loop's own
+        indices where it walks the matrix by row and column (`Loop` steps of an outer product), so that the
+        text has no division and vectorises."""
+        ...
+
     def edge_position(self) -> str:
         """This child edge's 0-based place among its parent's children (a child edge row), as a float."""
         ...

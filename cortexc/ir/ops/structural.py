@@ -383,7 +383,8 @@ def _d_transpose(d: Derivatives, g: int, y: int, args: Sequence[int], value: Val
 def _c_transpose(e: Emitter, value: Value) -> str:
     """Element (i, j) of the [K, M] transpose is (j, i) of the [M, K] matrix."""
     m, k = e.arg_value(0).shape
-    return e.arg(0, f"(({e.col}) % {m}) * {k} + ({e.col}) / {m}")
+    row, column = e.col_split(m)
+    return e.arg(0, f"{column} * {k} + {row}")
 
 
 def _outer_type(ctx: TypeContext, value: Value, args: Sequence[Value]) -> tuple[Shape, Domain]:
@@ -400,8 +401,8 @@ def _d_outer(d: Derivatives, g: int, y: int, args: Sequence[int], value: Value) 
 
 
 def _c_outer(e: Emitter, value: Value) -> str:
-    k = value.shape[1]
-    return f"({e.arg(0, f'({e.col}) / {k}')} * {e.arg(1, f'({e.col}) % {k}')})"
+    p, q = e.col_split(value.shape[1])
+    return f"({e.arg(0, p)} * {e.arg(1, q)})"
 
 
 def _pad_type(ctx: TypeContext, value: Value, args: Sequence[Value]) -> tuple[Shape, Domain]:
