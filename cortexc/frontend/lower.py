@@ -718,13 +718,21 @@ def _family_member(scope: _Scope, expr: ast.Index, family: ir.ParamDecl) -> int 
     if row is None:
         return None
     i = _value(scope, row)
-    if i.op == Op.EDGE and i.attr("name") == "position":
-        scope.sink.report(
-            f"{_text(expr)}: a matrix of a family chosen by edge.position is read as {_text(expr)} @ v (the matrix "
-            "itself, per child, is not built yet)",
-            expr.loc,
-        )
-        return None
+    b = scope.builder
+    if isinstance(expr.index, ast.EdgeAll) and expr.index.name == "position":
+        # each child's matrix by its place: a row of the family read as R rows of M*K (the products' view
+        # [R*M, K] reshaped, so that its gradient is that view's, as every other use of the family)
+        if scope.decl.arity is not None and r < scope.decl.arity:
+            scope.sink.report(
+                f"{_text(expr)}: {family.name} has {r} matrices but a child's position ranges over [0, "
+                f"{scope.decl.arity}) (arity {scope.decl.arity})",
+                expr.loc,
+            )
+            return None
+        view = b.add(Op.PARAM, (), (r * m, k), Domain.PARAM, (("name", family.name),), loc=expr.base.loc)
+        table = b.add(Op.RESHAPE, (view,), (r, m * k), Domain.PARAM, loc=expr.base.loc)
+        chosen = b.add(Op.SELECT, (table, row), (m * k,), i.domain, (("by", "position"),), loc=expr.loc)
+        return b.add(Op.RESHAPE, (chosen,), (m, k), i.domain, loc=expr.loc)
     if i.dtype != DType.I32:
         scope.sink.report(
             f"{_text(expr)}: a matrix of the family {family.name} is chosen by an index value "
@@ -738,7 +746,6 @@ def _family_member(scope: _Scope, expr: ast.Index, family: ir.ParamDecl) -> int 
             f"{_text(expr)}: {family.name} has {r} matrices but {i.name} ranges over [0, {index_range})", expr.loc
         )
         return None
-    b = scope.builder
     table = b.add(Op.PARAM, (), (r, m * k), Domain.PARAM, (("name", family.name),), loc=expr.base.loc)
     looked_up = b.add(Op.EMBED, (table, row), (m * k,), i.domain, loc=expr.loc)
     return _per_node_choice(scope, expr.index, b.add(Op.RESHAPE, (looked_up,), (m, k), i.domain, loc=expr.loc))
@@ -766,6 +773,17 @@ def _index(scope: _Scope, expr: ast.Index) -> int | None:
     if table is None or row is None:
         return None
     t, r = _value(scope, table), _value(scope, row)
+    if isinstance(expr.index, ast.EdgeAll) and expr.index.name == "position" and t.op == Op.PARAM:
+        # a row per child by its place (`select`, as W[edge.position] @ v chooses its product)
+        if scope.decl.arity is not None and t.shape[0] < scope.decl.arity:
+            sink.report(
+                f"{_text(expr)}: {t.name} has {t.shape[0]} rows but a child's position ranges over [0, "
+                f"{scope.decl.arity}) (arity {scope.decl.arity})",
+                expr.loc,
+            )
+            return None
+        attrs = (("by", "position"),)
+        return scope.builder.add(Op.SELECT, (table, row), (t.shape[1],), r.domain, attrs, loc=expr.loc)
     if t.op != Op.PARAM or len(t.shape) != 2:
         sink.report(
             f"{_text(expr)}: only a param matrix can be indexed by an index input (E[word]); "

@@ -38,9 +38,11 @@ def positions(cell: Cell) -> tuple[tuple[str, int], ...]:
     for body in cell.bodies():
         for value in body.values:
             if value.op is Op.SELECT and value.attr("by") == "position":
-                products = body.values[value.args[0]]
-                family = body.values[body.values[products.args[0]].args[0]].name  # reshape(matmul(param, v))
-                found[family] = products.shape[0]
+                products = body.values[value.args[0]]  # reshape(matmul(param, v)), or reshape(param): W[edge.position]
+                source = products
+                while source.op != Op.PARAM:
+                    source = body.values[source.args[0]]
+                found[source.name] = products.shape[0]
     return tuple(sorted(found.items()))
 
 

@@ -13,7 +13,7 @@ import pytest
 
 import cortexc
 from cortexc import Forest
-from cortexc.errors import CellTypeError, InputError
+from cortexc.errors import CellTypeError, ForestError, InputError
 from cortexc.frontend import lower_source
 from tests.helpers import (
     EXAMPLES,
@@ -343,8 +343,6 @@ def test_a_product_chosen_by_position_is_one_gemm_and_a_row_per_child():
 
 
 def test_a_node_with_more_children_than_positions_is_refused_by_name(per_child):
-    from cortexc.errors import ForestError
-
     model = per_child.PerChild(device="cpu")
     forest = Forest.from_parents([5, 5, 5, 5, 5, -1])
     inputs = {"x": np.zeros((6, 4), np.float32), "rel": np.zeros(5, np.int32), "wide": np.zeros(5, np.int32)}
@@ -356,7 +354,7 @@ def test_a_node_with_more_children_than_positions_is_refused_by_name(per_child):
     ("body", "message"),
     [
         ("h = tanh(sum(U[edge.position] @ child.h))", "U has 2 matrices but a child's position ranges over [0, 3)"),
-        ("h = tanh(sum(U[edge.position]) @ x)", "is read as U[edge.position] @ v"),
+        ("h = tanh(sum(U[edge.position]) @ x)", "U has 2 matrices but a child's position ranges over [0, 3)"),
     ],
 )
 def test_position_errors_are_located(body, message):
@@ -367,3 +365,107 @@ def test_position_errors_are_located(body, message):
     with pytest.raises(CellTypeError) as err:
         lower_source(source, "e.cell")
     assert message in str(err.value) and str(err.value).startswith("e.cell:6:"), str(err.value)
+
+
+# --------------------------------------------------------------------------- a matrix or row chosen by position
+#: `U[edge.position]` as a matrix of its own (then multiplied) and `E[edge.position]`, a table's row, per child
+#: of a bottom-up cell and per node of a down cell (the edge to the parent; U[0] / E[0] at a root)
+BY_POSITION = {
+    "up": """
+cell ByPosition on tree {
+    dim X = 3, H = 4
+    input x[X]
+    param W[H, X], U[4, H, H], E[4, H], b[H]
+    state h[H]
+    leaf { h = tanh(W @ x + b) }
+    node {
+        M = U[edge.position]
+        h = tanh(W @ x + sum(M @ child.h) + sum(E[edge.position] * child.h))
+    }
+}
+""",
+    "down": """
+cell ByPositionDown on tree down {
+    dim X = 3, H = 4
+    input x[X]
+    param W[H, X], U[4, H, H], E[4, H], b[H]
+    state h[H]
+    root { h = tanh(W @ x + b) }
+    node {
+        M = U[edge.position]
+        h = tanh(W @ x + M @ parent.h + E[edge.position] * parent.h)
+    }
+}
+""",
+}
+
+
+@pytest.fixture(scope="module")
+def by_position(tmp_path_factory):
+    out = tmp_path_factory.mktemp("by_position")
+    built = {}
+    for name, text in BY_POSITION.items():
+        path = out / f"{name}.cell"
+        path.write_text(text, encoding="utf-8")
+        built[name] = cortexc.load(path, out_dir=out / name)
+    return built
+
+
+def _by_position_reference(forest: Forest, p: dict, x, down: bool) -> torch.Tensor:
+    """Per node in float64: child k (or, down, the node as its parent's child k) through U[k] and E[k]."""
+    order: list[int] = []
+
+    def visit(node: int) -> None:
+        for child in forest.children(node):
+            visit(int(child))
+        order.append(node)
+
+    for root in forest.roots:
+        visit(int(root))
+    hs: dict[int, torch.Tensor] = {}
+    if not down:
+        for node in order:
+            kids = [int(c) for c in forest.children(node)]
+            total = p["W"] @ x[node] + (p["b"] if not kids else 0)
+            for k, child in enumerate(kids):
+                total = total + p["U"][k] @ hs[child] + p["E"][k] * hs[child]
+            hs[node] = torch.tanh(total)
+    else:
+        place = {
+            int(c): (parent, k) for parent in range(forest.num_nodes) for k, c in enumerate(forest.children(parent))
+        }
+        for node in reversed(order):
+            if node not in place:
+                hs[node] = torch.tanh(p["W"] @ x[node] + p["b"])
+                continue
+            parent, k = place[node]
+            hs[node] = torch.tanh(p["W"] @ x[node] + p["U"][k] @ hs[parent] + p["E"][k] * hs[parent])
+    return torch.stack([hs[i] for i in range(forest.num_nodes)])
+
+
+@pytest.mark.parametrize("device", ["interp", "cpu", "cuda-emu"])
+@pytest.mark.parametrize("kind", ["up", "down"])
+def test_a_matrix_or_row_chosen_by_position_matches_per_node_torch(by_position, kind, device):
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    rng = np.random.default_rng(seed)
+    cls = getattr(by_position[kind], by_position[kind].__all__[0])
+    trees = shuffled_ids(Forest.random(5, rng=rng, max_children=4, max_nodes=16), rng)
+    for forest in (trees, Forest.from_parents([-1]), Forest.concat([Forest.from_parents([-1, 0, 0, 0]), trees])):
+        model = cls(device=device, seed=int(rng.integers(1 << 30)))
+        params = {k: (v + 0.3 * rng.standard_normal(v.shape)).astype(np.float32) for k, v in model.params.items()}
+        model.load_params(params)
+        x = rng.standard_normal((forest.num_nodes, 3)).astype(np.float32)
+        out = model(forest, grad=True, x=x)
+        upstream = rng.standard_normal(out["h"].shape).astype(np.float32)
+        grads = model.backward(out, {"h": upstream})
+        tp = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in params.items()}
+        expected = _by_position_reference(forest, tp, torch.tensor(x, dtype=torch.float64), kind == "down")
+        (expected * torch.tensor(upstream, dtype=torch.float64)).sum().backward()
+        where = f"{kind} {device} seed={seed} nodes={forest.num_nodes}"
+        assert relative_error(out["h"], expected.detach().numpy()) < 1e-5, where
+        for name, tensor in tp.items():
+            want = np.zeros(tensor.shape) if tensor.grad is None else tensor.grad.numpy()
+            assert relative_error(grads[name], want) < 1e-4, f"{name} {where}"
+    wide = Forest.from_parents([5, 5, 5, 5, 5, -1])  # 5 children, 4 matrices
+    with pytest.raises(ForestError, match="node 5 has 5 children, but"):
+        cls(device=device)(wide, x=np.zeros((6, 3), np.float32))
