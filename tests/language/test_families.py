@@ -469,3 +469,10 @@ def test_a_matrix_or_row_chosen_by_position_matches_per_node_torch(by_position, 
     wide = Forest.from_parents([5, 5, 5, 5, 5, -1])  # 5 children, 4 matrices
     with pytest.raises(ForestError, match="node 5 has 5 children, but"):
         cls(device=device)(wide, x=np.zeros((6, 3), np.float32))
+
+
+@pytest.mark.nvcc
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_cells_choosing_by_position_compile_with_nvcc_without_spills(by_position):
+    assert_packages_compile_with_nvcc_without_spills(by_position.values())
