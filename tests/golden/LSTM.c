@@ -7346,7 +7346,7 @@ static void cx_kernel_pre(const cx_call *call, const cx_grad *grad, int64_t pos0
     
     /* pre pre0 = %4 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (256); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (256); ++j) {
             (H_pre0 + (pre_base + i) * 256)[j] = (g0[(i) * 256 + j] + P_b_ih[j]);
 
         }
@@ -7391,7 +7391,7 @@ static void cx_kernel_leaf(const cx_call *call, const cx_grad *grad, int64_t pos
         }
     } else {
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             b1[i * 64 + 0 + j] = (cx_sigmoid(((g0[(i) * 256 + j + 0] + P_b_ih[j + 0]) + P_b_hh[j + 0])) * cx_tanh(((g0[(i) * 256 + j + 128] + P_b_ih[j + 128]) + P_b_hh[j + 128])));
         }
     }
@@ -7407,7 +7407,7 @@ static void cx_kernel_leaf(const cx_call *call, const cx_grad *grad, int64_t pos
         }
     } else {
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             (S_h + nd[i] * 64)[j] = (cx_sigmoid(((g0[(i) * 256 + j + 192] + P_b_ih[j + 192]) + P_b_hh[j + 192])) * cx_tanh(b1[(i) * 64 + j]));
 
         }
@@ -7424,7 +7424,7 @@ static void cx_kernel_leaf(const cx_call *call, const cx_grad *grad, int64_t pos
         }
     } else {
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             (S_c + nd[i] * 64)[j] = b1[(i) * 64 + j];
 
         }
@@ -7459,44 +7459,44 @@ static void cx_kernel_leaf_saving(const cx_call *call, const cx_grad *grad, int6
     
     /* sv_leaf[:, 0:64] = %8 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             sv_leaf[i * 256 + 0 + j] = cx_sigmoid(((g1[(i) * 256 + j + 0] + P_b_ih[j + 0]) + P_b_hh[j + 0]));
         }
     
     /* sv_leaf[:, 64:128] = %10 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             sv_leaf[i * 256 + 64 + j] = cx_tanh(((g1[(i) * 256 + j + 128] + P_b_ih[j + 128]) + P_b_hh[j + 128]));
         }
     
     /* b2[:, 0:64] = %11 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             b2[i * 64 + 0 + j] = (sv_leaf[(i) * 256 + j] * sv_leaf[(i) * 256 + 64 + j]);
         }
     
     /* sv_leaf[:, 128:192] = %13 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             sv_leaf[i * 256 + 128 + j] = cx_sigmoid(((g1[(i) * 256 + j + 192] + P_b_ih[j + 192]) + P_b_hh[j + 192]));
         }
     
     /* sv_leaf[:, 192:256] = %14 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             sv_leaf[i * 256 + 192 + j] = cx_tanh(b2[(i) * 64 + j]);
         }
     
     /* state h = %15 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             (S_h + nd[i] * 64)[j] = (sv_leaf[(i) * 256 + 128 + j] * sv_leaf[(i) * 256 + 192 + j]);
 
         }
     
     /* state c = %11 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             (S_c + nd[i] * 64)[j] = b2[(i) * 64 + j];
 
         }
@@ -7550,7 +7550,7 @@ static void cx_kernel_node(const cx_call *call, const cx_grad *grad, int64_t pos
         }
     } else {
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             b1[i * 64 + 0 + j] = ((cx_sigmoid(((H_pre0[(pre_base + i) * 256 + j + 64] + g0[(i) * 256 + j + 64]) + P_b_hh[j + 64])) * S_c[kid0[i] * 64 + j]) + (cx_sigmoid(((H_pre0[(pre_base + i) * 256 + j + 0] + g0[(i) * 256 + j + 0]) + P_b_hh[j + 0])) * cx_tanh(((H_pre0[(pre_base + i) * 256 + j + 128] + g0[(i) * 256 + j + 128]) + P_b_hh[j + 128]))));
         }
     }
@@ -7566,7 +7566,7 @@ static void cx_kernel_node(const cx_call *call, const cx_grad *grad, int64_t pos
         }
     } else {
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             (S_h + nd[i] * 64)[j] = (cx_sigmoid(((H_pre0[(pre_base + i) * 256 + j + 192] + g0[(i) * 256 + j + 192]) + P_b_hh[j + 192])) * cx_tanh(b1[(i) * 64 + j]));
 
         }
@@ -7583,7 +7583,7 @@ static void cx_kernel_node(const cx_call *call, const cx_grad *grad, int64_t pos
         }
     } else {
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             (S_c + nd[i] * 64)[j] = b1[(i) * 64 + j];
 
         }
@@ -7623,13 +7623,13 @@ static void cx_kernel_node_direct(const cx_call *call, const cx_grad *grad, int6
     float *b2 = scratch + (int64_t)CX_TILE * 352 + (int64_t)CX_TILE * maxc * 0;
     /* b0[:, 0:32] = %1 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (32); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (32); ++j) {
             b0[i * 96 + 0 + j] = I_x[nd[i] * 32 + j];
         }
     
     /* b0[:, 32:96] = %4 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             b0[i * 96 + 32 + j] = S_h[kid0[i] * 64 + j];
         }
     
@@ -7651,7 +7651,7 @@ static void cx_kernel_node_direct(const cx_call *call, const cx_grad *grad, int6
         }
     } else {
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             b2[i * 64 + 0 + j] = ((cx_sigmoid_inline(((g1[(i) * 256 + j + 64] + P_b_ih[j + 64]) + P_b_hh[j + 64])) * S_c[kid0[i] * 64 + j]) + (cx_sigmoid_inline(((g1[(i) * 256 + j + 0] + P_b_ih[j + 0]) + P_b_hh[j + 0])) * cx_tanh_inline(((g1[(i) * 256 + j + 128] + P_b_ih[j + 128]) + P_b_hh[j + 128]))));
         }
     }
@@ -7667,7 +7667,7 @@ static void cx_kernel_node_direct(const cx_call *call, const cx_grad *grad, int6
         }
     } else {
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             (S_h + nd[i] * 64)[j] = (cx_sigmoid_inline(((g1[(i) * 256 + j + 192] + P_b_ih[j + 192]) + P_b_hh[j + 192])) * cx_tanh_inline(b2[(i) * 64 + j]));
 
         }
@@ -7684,7 +7684,7 @@ static void cx_kernel_node_direct(const cx_call *call, const cx_grad *grad, int6
         }
     } else {
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             (S_c + nd[i] * 64)[j] = b2[(i) * 64 + j];
 
         }
@@ -7728,50 +7728,50 @@ static void cx_kernel_node_saving(const cx_call *call, const cx_grad *grad, int6
     
     /* sv_node[:, 0:64] = %8 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             sv_node[i * 320 + 0 + j] = cx_sigmoid(((H_pre0[(pre_base + i) * 256 + j + 64] + g1[(i) * 256 + j + 64]) + P_b_hh[j + 64]));
         }
     
     /* sv_node[:, 64:128] = %12 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             sv_node[i * 320 + 64 + j] = cx_sigmoid(((H_pre0[(pre_base + i) * 256 + j + 0] + g1[(i) * 256 + j + 0]) + P_b_hh[j + 0]));
         }
     
     /* sv_node[:, 128:192] = %14 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             sv_node[i * 320 + 128 + j] = cx_tanh(((H_pre0[(pre_base + i) * 256 + j + 128] + g1[(i) * 256 + j + 128]) + P_b_hh[j + 128]));
         }
     
     /* b2[:, 0:64] = %16 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             b2[i * 64 + 0 + j] = ((sv_node[(i) * 320 + j] * S_c[kid0[i] * 64 + j]) + (sv_node[(i) * 320 + 64 + j] * sv_node[(i) * 320 + 128 + j]));
         }
     
     /* sv_node[:, 192:256] = %18 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             sv_node[i * 320 + 192 + j] = cx_sigmoid(((H_pre0[(pre_base + i) * 256 + j + 192] + g1[(i) * 256 + j + 192]) + P_b_hh[j + 192]));
         }
     
     /* sv_node[:, 256:320] = %19 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             sv_node[i * 320 + 256 + j] = cx_tanh(b2[(i) * 64 + j]);
         }
     
     /* state h = %20 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             (S_h + nd[i] * 64)[j] = (sv_node[(i) * 320 + 192 + j] * sv_node[(i) * 320 + 256 + j]);
 
         }
     
     /* state c = %16 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             (S_c + nd[i] * 64)[j] = b2[(i) * 64 + j];
 
         }
@@ -7812,25 +7812,25 @@ static void cx_kernel_grad_node(const cx_call *call, const cx_grad *grad, int64_
     float *g2 = scratch + (int64_t)CX_TILE * 320 + (int64_t)CX_TILE * maxc * 0;
     /* b0[:, 0:64] = %16 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             b0[i * 64 + 0 + j] = (dS_c[nd[i] * 64 + j] + ((dS_h[nd[i] * 64 + j] * (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[192 + j]) * (1.0f - ((SV_node + (pos0 - call->level_ptr[1] + i) * 320)[256 + j] * (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[256 + j]))));
         }
     
     /* b1[:, 0:256] = %39 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < 64; ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < 64; ++j) {
             b1[i * 256 + 0 + j] = (((((j) >= 192 && (j) < 256 ? ((dS_h[nd[i] * 64 + (j) - 192] * (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[256 + (j) - 192]) * ((SV_node + (pos0 - call->level_ptr[1] + i) * 320)[192 + (j) - 192] * (1.0f - (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[192 + (j) - 192]))) : 0.0f) + ((j) >= 128 && (j) < 192 ? ((b0[(i) * 64 + (j) - 128] * (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[64 + (j) - 128]) * (1.0f - ((SV_node + (pos0 - call->level_ptr[1] + i) * 320)[128 + (j) - 128] * (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[128 + (j) - 128]))) : 0.0f)) + ((j) >= 0 && (j) < 64 ? ((b0[(i) * 64 + (j) - 0] * (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[128 + (j) - 0]) * ((SV_node + (pos0 - call->level_ptr[1] + i) * 320)[64 + (j) - 0] * (1.0f - (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[64 + (j) - 0]))) : 0.0f)) + ((j) >= 64 && (j) < 128 ? ((b0[(i) * 64 + (j) - 64] * S_c[kid0[i] * 64 + (j) - 64]) * ((SV_node + (pos0 - call->level_ptr[1] + i) * 320)[0 + (j) - 64] * (1.0f - (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[0 + (j) - 64]))) : 0.0f));
         }
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 64; j < 128; ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 64; j < 128; ++j) {
             b1[i * 256 + 0 + j] = (((((j) >= 192 && (j) < 256 ? ((dS_h[nd[i] * 64 + (j) - 192] * (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[256 + (j) - 192]) * ((SV_node + (pos0 - call->level_ptr[1] + i) * 320)[192 + (j) - 192] * (1.0f - (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[192 + (j) - 192]))) : 0.0f) + ((j) >= 128 && (j) < 192 ? ((b0[(i) * 64 + (j) - 128] * (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[64 + (j) - 128]) * (1.0f - ((SV_node + (pos0 - call->level_ptr[1] + i) * 320)[128 + (j) - 128] * (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[128 + (j) - 128]))) : 0.0f)) + ((j) >= 0 && (j) < 64 ? ((b0[(i) * 64 + (j) - 0] * (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[128 + (j) - 0]) * ((SV_node + (pos0 - call->level_ptr[1] + i) * 320)[64 + (j) - 0] * (1.0f - (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[64 + (j) - 0]))) : 0.0f)) + ((j) >= 64 && (j) < 128 ? ((b0[(i) * 64 + (j) - 64] * S_c[kid0[i] * 64 + (j) - 64]) * ((SV_node + (pos0 - call->level_ptr[1] + i) * 320)[0 + (j) - 64] * (1.0f - (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[0 + (j) - 64]))) : 0.0f));
         }
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 128; j < 192; ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 128; j < 192; ++j) {
             b1[i * 256 + 0 + j] = (((((j) >= 192 && (j) < 256 ? ((dS_h[nd[i] * 64 + (j) - 192] * (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[256 + (j) - 192]) * ((SV_node + (pos0 - call->level_ptr[1] + i) * 320)[192 + (j) - 192] * (1.0f - (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[192 + (j) - 192]))) : 0.0f) + ((j) >= 128 && (j) < 192 ? ((b0[(i) * 64 + (j) - 128] * (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[64 + (j) - 128]) * (1.0f - ((SV_node + (pos0 - call->level_ptr[1] + i) * 320)[128 + (j) - 128] * (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[128 + (j) - 128]))) : 0.0f)) + ((j) >= 0 && (j) < 64 ? ((b0[(i) * 64 + (j) - 0] * (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[128 + (j) - 0]) * ((SV_node + (pos0 - call->level_ptr[1] + i) * 320)[64 + (j) - 0] * (1.0f - (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[64 + (j) - 0]))) : 0.0f)) + ((j) >= 64 && (j) < 128 ? ((b0[(i) * 64 + (j) - 64] * S_c[kid0[i] * 64 + (j) - 64]) * ((SV_node + (pos0 - call->level_ptr[1] + i) * 320)[0 + (j) - 64] * (1.0f - (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[0 + (j) - 64]))) : 0.0f));
         }
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 192; j < 256; ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 192; j < 256; ++j) {
             b1[i * 256 + 0 + j] = (((((j) >= 192 && (j) < 256 ? ((dS_h[nd[i] * 64 + (j) - 192] * (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[256 + (j) - 192]) * ((SV_node + (pos0 - call->level_ptr[1] + i) * 320)[192 + (j) - 192] * (1.0f - (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[192 + (j) - 192]))) : 0.0f) + ((j) >= 128 && (j) < 192 ? ((b0[(i) * 64 + (j) - 128] * (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[64 + (j) - 128]) * (1.0f - ((SV_node + (pos0 - call->level_ptr[1] + i) * 320)[128 + (j) - 128] * (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[128 + (j) - 128]))) : 0.0f)) + ((j) >= 0 && (j) < 64 ? ((b0[(i) * 64 + (j) - 0] * (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[128 + (j) - 0]) * ((SV_node + (pos0 - call->level_ptr[1] + i) * 320)[64 + (j) - 0] * (1.0f - (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[64 + (j) - 0]))) : 0.0f)) + ((j) >= 64 && (j) < 128 ? ((b0[(i) * 64 + (j) - 64] * S_c[kid0[i] * 64 + (j) - 64]) * ((SV_node + (pos0 - call->level_ptr[1] + i) * 320)[0 + (j) - 64] * (1.0f - (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[0 + (j) - 64]))) : 0.0f));
         }
     
@@ -7860,21 +7860,21 @@ for (int64_t i = 0; i < n; ++i)
     
     /* d_child_at c += %34 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             (dS_c + kid0[i] * 64)[j] += (b0[(i) * 64 + j] * (SV_node + (pos0 - call->level_ptr[1] + i) * 320)[0 + j]);
 
         }
     
     /* d_child_at h += %42 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             (dS_h + kid0[i] * 64)[j] += g2[(i) * 64 + j];
 
         }
     
     /* d_hoisted pre0 = %39 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (256); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (256); ++j) {
             (dH_pre0 + (pre_base + i) * 256)[j] = b1[(i) * 256 + j];
 
         }
@@ -7905,25 +7905,25 @@ static void cx_kernel_grad_leaf(const cx_call *call, const cx_grad *grad, int64_
     float *g2 = scratch + (int64_t)CX_TILE * 320 + (int64_t)CX_TILE * maxc * 0;
     /* b0[:, 0:64] = %14 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             b0[i * 64 + 0 + j] = (dS_c[nd[i] * 64 + j] + ((dS_h[nd[i] * 64 + j] * (SV_leaf + (pos0 - 0 + i) * 256)[128 + j]) * (1.0f - ((SV_leaf + (pos0 - 0 + i) * 256)[192 + j] * (SV_leaf + (pos0 - 0 + i) * 256)[192 + j]))));
         }
     
     /* b1[:, 0:256] = %30 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < 64; ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < 64; ++j) {
             b1[i * 256 + 0 + j] = ((((j) >= 192 && (j) < 256 ? ((dS_h[nd[i] * 64 + (j) - 192] * (SV_leaf + (pos0 - 0 + i) * 256)[192 + (j) - 192]) * ((SV_leaf + (pos0 - 0 + i) * 256)[128 + (j) - 192] * (1.0f - (SV_leaf + (pos0 - 0 + i) * 256)[128 + (j) - 192]))) : 0.0f) + ((j) >= 128 && (j) < 192 ? ((b0[(i) * 64 + (j) - 128] * (SV_leaf + (pos0 - 0 + i) * 256)[0 + (j) - 128]) * (1.0f - ((SV_leaf + (pos0 - 0 + i) * 256)[64 + (j) - 128] * (SV_leaf + (pos0 - 0 + i) * 256)[64 + (j) - 128]))) : 0.0f)) + ((j) >= 0 && (j) < 64 ? ((b0[(i) * 64 + (j) - 0] * (SV_leaf + (pos0 - 0 + i) * 256)[64 + (j) - 0]) * ((SV_leaf + (pos0 - 0 + i) * 256)[0 + (j) - 0] * (1.0f - (SV_leaf + (pos0 - 0 + i) * 256)[0 + (j) - 0]))) : 0.0f));
         }
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 64; j < 128; ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 64; j < 128; ++j) {
             b1[i * 256 + 0 + j] = ((((j) >= 192 && (j) < 256 ? ((dS_h[nd[i] * 64 + (j) - 192] * (SV_leaf + (pos0 - 0 + i) * 256)[192 + (j) - 192]) * ((SV_leaf + (pos0 - 0 + i) * 256)[128 + (j) - 192] * (1.0f - (SV_leaf + (pos0 - 0 + i) * 256)[128 + (j) - 192]))) : 0.0f) + ((j) >= 128 && (j) < 192 ? ((b0[(i) * 64 + (j) - 128] * (SV_leaf + (pos0 - 0 + i) * 256)[0 + (j) - 128]) * (1.0f - ((SV_leaf + (pos0 - 0 + i) * 256)[64 + (j) - 128] * (SV_leaf + (pos0 - 0 + i) * 256)[64 + (j) - 128]))) : 0.0f)) + ((j) >= 0 && (j) < 64 ? ((b0[(i) * 64 + (j) - 0] * (SV_leaf + (pos0 - 0 + i) * 256)[64 + (j) - 0]) * ((SV_leaf + (pos0 - 0 + i) * 256)[0 + (j) - 0] * (1.0f - (SV_leaf + (pos0 - 0 + i) * 256)[0 + (j) - 0]))) : 0.0f));
         }
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 128; j < 192; ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 128; j < 192; ++j) {
             b1[i * 256 + 0 + j] = ((((j) >= 192 && (j) < 256 ? ((dS_h[nd[i] * 64 + (j) - 192] * (SV_leaf + (pos0 - 0 + i) * 256)[192 + (j) - 192]) * ((SV_leaf + (pos0 - 0 + i) * 256)[128 + (j) - 192] * (1.0f - (SV_leaf + (pos0 - 0 + i) * 256)[128 + (j) - 192]))) : 0.0f) + ((j) >= 128 && (j) < 192 ? ((b0[(i) * 64 + (j) - 128] * (SV_leaf + (pos0 - 0 + i) * 256)[0 + (j) - 128]) * (1.0f - ((SV_leaf + (pos0 - 0 + i) * 256)[64 + (j) - 128] * (SV_leaf + (pos0 - 0 + i) * 256)[64 + (j) - 128]))) : 0.0f)) + ((j) >= 0 && (j) < 64 ? ((b0[(i) * 64 + (j) - 0] * (SV_leaf + (pos0 - 0 + i) * 256)[64 + (j) - 0]) * ((SV_leaf + (pos0 - 0 + i) * 256)[0 + (j) - 0] * (1.0f - (SV_leaf + (pos0 - 0 + i) * 256)[0 + (j) - 0]))) : 0.0f));
         }
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 192; j < 256; ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 192; j < 256; ++j) {
             b1[i * 256 + 0 + j] = ((((j) >= 192 && (j) < 256 ? ((dS_h[nd[i] * 64 + (j) - 192] * (SV_leaf + (pos0 - 0 + i) * 256)[192 + (j) - 192]) * ((SV_leaf + (pos0 - 0 + i) * 256)[128 + (j) - 192] * (1.0f - (SV_leaf + (pos0 - 0 + i) * 256)[128 + (j) - 192]))) : 0.0f) + ((j) >= 128 && (j) < 192 ? ((b0[(i) * 64 + (j) - 128] * (SV_leaf + (pos0 - 0 + i) * 256)[0 + (j) - 128]) * (1.0f - ((SV_leaf + (pos0 - 0 + i) * 256)[64 + (j) - 128] * (SV_leaf + (pos0 - 0 + i) * 256)[64 + (j) - 128]))) : 0.0f)) + ((j) >= 0 && (j) < 64 ? ((b0[(i) * 64 + (j) - 0] * (SV_leaf + (pos0 - 0 + i) * 256)[64 + (j) - 0]) * ((SV_leaf + (pos0 - 0 + i) * 256)[0 + (j) - 0] * (1.0f - (SV_leaf + (pos0 - 0 + i) * 256)[0 + (j) - 0]))) : 0.0f));
         }
     
@@ -7957,7 +7957,7 @@ for (int64_t i = 0; i < n; ++i)
     
     /* d_input x += %33 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (32); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (32); ++j) {
             (dI_x + nd[i] * 32)[j] += g2[(i) * 32 + j];
 
         }
@@ -8008,7 +8008,7 @@ for (int64_t i = 0; i < n; ++i)
     
     /* d_input x += %5 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (32); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (32); ++j) {
             (dI_x + nd[i] * 32)[j] += g0[(i) * 32 + j];
 
         }

@@ -7356,7 +7356,7 @@ static void cx_kernel_leaf(const cx_call *call, const cx_grad *grad, int64_t pos
         }
     } else {
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             (S_h + nd[i] * 64)[j] = cx_tanh((g0[(i) * 64 + j] + P_b[j]));
 
         }
@@ -7388,13 +7388,13 @@ static void cx_kernel_leaf_saving(const cx_call *call, const cx_grad *grad, int6
     
     /* sv_leaf[:, 0:64] = %5 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             sv_leaf[i * 64 + 0 + j] = cx_tanh((g1[(i) * 64 + j] + P_b[j]));
         }
     
     /* state h = %5 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             (S_h + nd[i] * 64)[j] = sv_leaf[(i) * 64 + j];
 
         }
@@ -7431,13 +7431,13 @@ static void cx_kernel_node(const cx_call *call, const cx_grad *grad, int64_t pos
     float *g1 = scratch + (int64_t)CX_TILE * 128 + (int64_t)CX_TILE * maxc * 0;
     /* b0[:, 0:64] = %1 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             b0[i * 128 + 0 + j] = S_h[kid0[i] * 64 + j];
         }
     
     /* b0[:, 64:128] = %2 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             b0[i * 128 + 64 + j] = S_h[kid1[i] * 64 + j];
         }
     
@@ -7460,7 +7460,7 @@ static void cx_kernel_node(const cx_call *call, const cx_grad *grad, int64_t pos
         }
     } else {
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             (S_h + nd[i] * 64)[j] = cx_tanh((g1[(i) * 64 + j] + P_b[j]));
 
         }
@@ -7498,13 +7498,13 @@ static void cx_kernel_node_saving(const cx_call *call, const cx_grad *grad, int6
     float *g2 = scratch + (int64_t)CX_TILE * 128 + (int64_t)CX_TILE * maxc * 0;
     /* b1[:, 0:64] = %1 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             b1[i * 128 + 0 + j] = S_h[kid0[i] * 64 + j];
         }
     
     /* b1[:, 64:128] = %2 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             b1[i * 128 + 64 + j] = S_h[kid1[i] * 64 + j];
         }
     
@@ -7515,13 +7515,13 @@ static void cx_kernel_node_saving(const cx_call *call, const cx_grad *grad, int6
     
     /* sv_node[:, 0:64] = %7 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             sv_node[i * 64 + 0 + j] = cx_tanh((g2[(i) * 64 + j] + P_b[j]));
         }
     
     /* state h = %7 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             (S_h + nd[i] * 64)[j] = sv_node[(i) * 64 + j];
 
         }
@@ -7560,19 +7560,19 @@ static void cx_kernel_grad_node(const cx_call *call, const cx_grad *grad, int64_
     float *g2 = scratch + (int64_t)CX_TILE * 192 + (int64_t)CX_TILE * maxc * 0;
     /* b0[:, 0:64] = %1 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             b0[i * 128 + 0 + j] = S_h[kid0[i] * 64 + j];
         }
     
     /* b0[:, 64:128] = %2 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             b0[i * 128 + 64 + j] = S_h[kid1[i] * 64 + j];
         }
     
     /* b1[:, 0:64] = %9 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             b1[i * 64 + 0 + j] = (dS_h[nd[i] * 64 + j] * (1.0f - ((SV_node + (pos0 - call->level_ptr[1] + i) * 64)[0 + j] * (SV_node + (pos0 - call->level_ptr[1] + i) * 64)[0 + j])));
         }
     
@@ -7602,14 +7602,14 @@ for (int64_t i = 0; i < n; ++i)
     
     /* d_child_at h += %13 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             (dS_h + kid0[i] * 64)[j] += g2[(i) * 128 + j];
 
         }
     
     /* d_child_at h += %14 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             (dS_h + kid1[i] * 64)[j] += g2[(i) * 128 + 64 + j];
 
         }
@@ -7637,7 +7637,7 @@ static void cx_kernel_grad_leaf(const cx_call *call, const cx_grad *grad, int64_
     float *g1 = scratch + (int64_t)CX_TILE * 64 + (int64_t)CX_TILE * maxc * 0;
     /* b0[:, 0:64] = %7 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             b0[i * 64 + 0 + j] = (dS_h[nd[i] * 64 + j] * (1.0f - ((SV_leaf + (pos0 - 0 + i) * 64)[0 + j] * (SV_leaf + (pos0 - 0 + i) * 64)[0 + j])));
         }
     
@@ -7667,7 +7667,7 @@ for (int64_t i = 0; i < n; ++i)
     
     /* d_input x += %10 */
     for (int64_t i = 0; i < (n); ++i)
-        for (int64_t j = 0; j < (64); ++j) {
+        _Pragma("GCC ivdep") for (int64_t j = 0; j < (64); ++j) {
             (dI_x + nd[i] * 64)[j] += g1[(i) * 64 + j];
 
         }
