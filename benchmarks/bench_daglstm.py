@@ -50,7 +50,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -63,6 +62,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from benchmarks.harness import busy, host, machine_busy_s, max_rel_diff, own_cpu_s, spin  # noqa: E402
 
 
 def _parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -222,17 +223,6 @@ class LevelDagLSTM:
         return torch.nn.functional.mse_loss(self.rows(plan, x, w)[0], target_rows)
 
 
-def max_rel_diff(got: dict[str, Any], want: dict[str, Any], names: Sequence[str]) -> dict[str, float]:
-    """Per name, max |got - want| over the largest |want|."""
-    out = {}
-    for k in names:
-        a, b = np.asarray(got[k], dtype=np.float64), np.asarray(want[k], dtype=np.float64)
-        if a.shape != b.shape:
-            raise SystemExit(f"{k}: shape {a.shape} against {b.shape}")
-        out[k] = float(np.abs(a - b).max() / max(float(np.abs(b).max()), 1e-30)) if b.size else 0.0
-    return out
-
-
 # ------------------------------------------------------------------ DAGs, the check, the timing
 
 
@@ -329,39 +319,6 @@ def linearize_ms(forest: Forest) -> float:
 # ------------------------------------------------------------------ main
 
 
-def host() -> dict[str, Any]:
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "node": platform.node(),
-        "cpu": cpu,
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "torch": torch.__version__,
-    }
-
-
-def machine_busy_s() -> float:
-    """CPU seconds the whole machine has spent busy since boot (/proc/stat: all but idle and iowait)."""
-    try:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    except (OSError, ValueError):
-        return float("nan")
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def own_cpu_s() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
 def measure(model: Any, peer: LevelDagLSTM, nodes: int, args: argparse.Namespace, repeats: int) -> dict[str, Any]:
     case = Case(model, peer, nodes, args, seed=args.seed + nodes)
     ms = interleaved(case.functions(), repeats)
@@ -443,30 +400,6 @@ def main(args: argparse.Namespace) -> None:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
         args.out.with_suffix(".md").write_text(markdown(result))
         print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
-
-
-def busy(r: dict[str, Any]) -> list[str]:
-    """A caution when other processes ran on the machine (1-min load average above half its CPUs, or other
-    processes using a quarter of a CPU or more on average during the run)."""
-    loads = [r["load_average_start"], r["load_average_end"]]
-    others = r.get("other_processes_cpus", 0.0)
-    if max(loads) <= 0.5 * (r["host"]["cpus"] or 1) and not others >= 0.25:
-        return []
-    return [
-        "",
-        f"**Caution: the machine was busy (load average up to {max(loads):.1f} on {r['host']['cpus']} CPUs; other "
-        f"processes used {others:.2f} CPUs on average during the run).** Every implementation ran on its fixed "
-        "threads while other processes competed for the cores, which slows each of them by a different factor: "
-        "the ratios are not those of a quiet machine.",
-        *([f"({r['note']}.)"] if r.get("note") else []),
-    ]
-
-
-def spin(r: dict[str, Any]) -> str:
-    """How libgomp's threads waited in the run: the wait policy and spin count it had."""
-    parts = [f"OMP_WAIT_POLICY={r['omp_wait_policy']}"] if r.get("omp_wait_policy") else []
-    parts += [f"GOMP_SPINCOUNT={r['gomp_spincount']}"] if r.get("gomp_spincount") else []
-    return ", ".join(parts) or "libgomp's default spinning"
 
 
 def markdown(r: dict[str, Any]) -> str:
