@@ -379,10 +379,28 @@ def _selected_per_child(scope: _Scope, index: ast.Expr, family: ir.ParamDecl) ->
     an edge index input over a family of at most `MAX_SELECTED_MATRICES`."""
     if not isinstance(index, ast.EdgeAll | ast.EdgeAt):
         return False
-    if index.name == "position" and isinstance(index, ast.EdgeAll):
+    if _is_position(index):
         return True
     on_edge = any(i.name == index.name and i.on_edge and i.is_index for i in scope.decl.inputs)
     return on_edge and family.shape[0] <= MAX_SELECTED_MATRICES
+
+
+def _is_position(index: ast.Expr) -> bool:
+    """Whether an index expression is `edge.position` (a child's place: chooses a row by `select`)."""
+    return isinstance(index, ast.EdgeAll) and index.name == "position"
+
+
+def _positions_fit(scope: _Scope, expr: ast.Expr, name: str, count: int, what: str) -> bool:
+    """Whether `name`'s `count` matrices (or rows) cover every child position of an arity cell; else a located
+    error. Without an arity the runtime refuses a node with too many children (`check_forest`)."""
+    arity = scope.decl.arity
+    if arity is None or count >= arity:
+        return True
+    scope.sink.report(
+        f"{_text(expr)}: {name} has {count} {what} but a child's position ranges over [0, {arity}) (arity {arity})",
+        expr.loc,
+    )
+    return False
 
 
 def _family_select(scope: _Scope, expr: ast.Binary, family: ir.ParamDecl) -> int | None:
@@ -395,13 +413,8 @@ def _family_select(scope: _Scope, expr: ast.Binary, family: ir.ParamDecl) -> int
     if index is None:
         return None
     i = _value(scope, index)
-    by_position = isinstance(member.index, ast.EdgeAll) and member.index.name == "position"
-    if by_position and scope.decl.arity is not None and r < scope.decl.arity:
-        scope.sink.report(
-            f"{_text(member)}: {family.name} has {r} matrices but a child's position ranges over [0, "
-            f"{scope.decl.arity}) (arity {scope.decl.arity})",
-            member.loc,
-        )
+    by_position = _is_position(member.index)
+    if by_position and not _positions_fit(scope, member, family.name, r, "matrices"):
         return None
     if i.op == Op.EDGE_INPUT and not by_position:
         index_range = next(d.index_range for d in scope.decl.inputs if d.name == i.name)
@@ -719,15 +732,10 @@ def _family_member(scope: _Scope, expr: ast.Index, family: ir.ParamDecl) -> int 
         return None
     i = _value(scope, row)
     b = scope.builder
-    if isinstance(expr.index, ast.EdgeAll) and expr.index.name == "position":
+    if _is_position(expr.index):
         # each child's matrix by its place: a row of the family read as R rows of M*K (the products' view
         # [R*M, K] reshaped, so that its gradient is that view's, as every other use of the family)
-        if scope.decl.arity is not None and r < scope.decl.arity:
-            scope.sink.report(
-                f"{_text(expr)}: {family.name} has {r} matrices but a child's position ranges over [0, "
-                f"{scope.decl.arity}) (arity {scope.decl.arity})",
-                expr.loc,
-            )
+        if not _positions_fit(scope, expr, family.name, r, "matrices"):
             return None
         view = b.add(Op.PARAM, (), (r * m, k), Domain.PARAM, (("name", family.name),), loc=expr.base.loc)
         table = b.add(Op.RESHAPE, (view,), (r, m * k), Domain.PARAM, loc=expr.base.loc)
@@ -773,14 +781,9 @@ def _index(scope: _Scope, expr: ast.Index) -> int | None:
     if table is None or row is None:
         return None
     t, r = _value(scope, table), _value(scope, row)
-    if isinstance(expr.index, ast.EdgeAll) and expr.index.name == "position" and t.op == Op.PARAM:
+    if _is_position(expr.index) and t.op == Op.PARAM:
         # a row per child by its place (`select`, as W[edge.position] @ v chooses its product)
-        if scope.decl.arity is not None and t.shape[0] < scope.decl.arity:
-            sink.report(
-                f"{_text(expr)}: {t.name} has {t.shape[0]} rows but a child's position ranges over [0, "
-                f"{scope.decl.arity}) (arity {scope.decl.arity})",
-                expr.loc,
-            )
+        if not _positions_fit(scope, expr, t.name, t.shape[0], "rows"):
             return None
         attrs = (("by", "position"),)
         return scope.builder.add(Op.SELECT, (table, row), (t.shape[1],), r.domain, attrs, loc=expr.loc)

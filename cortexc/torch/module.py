@@ -212,15 +212,11 @@ class CellModule(nn.Module):
             check_forest(sig, batch.forest)
         steps = sig.structure.steps
         if batch.down is not None and batch.down != sig.structure.down:
-            made = (
-                "ForestBatch.from_forest(forest, down=True)"
-                if sig.structure.down
-                else "ForestBatch.from_forest(forest)"
-            )
+            kind, wanted = ("a down", "down=True") if sig.structure.down else ("a bottom-up", "")
             raise ForestError(
-                f"cell {sig.name} is {'a down' if sig.structure.down else 'a bottom-up'} cell, but this batch is of "
-                f"the {'forest' if sig.structure.down else 'reversed forest (a down cell)'}: pass {made} "
-                "(or the Forest itself)"
+                f"cell {sig.name} is {kind} cell, but this batch is of the "
+                f"{'forest' if sig.structure.down else 'reversed forest (a down cell)'}: pass "
+                f"ForestBatch.from_forest(forest{', ' + wanted if wanted else ''}) (or the Forest itself)"
             )
         ptr = batch.level_ptr
         if steps and (len(ptr) != steps + 2 or not torch.equal(ptr, torch.arange(steps + 2) * ptr[1])):
@@ -287,25 +283,26 @@ def _kernel_rows(sig: CellSignature, batch: ForestBatch, inputs: dict[str, Tenso
     if not any(decl.on_edge for decl in sig.inputs):
         return inputs
     rows = dict(inputs)
+    given = _given_rows(batch) if any(decl.given_by for decl in sig.inputs) else {}
     for decl in sig.inputs:
         if decl.given_by:
-            rows[decl.name] = _given_rows(batch, decl.given_by)
+            rows[decl.name] = given[decl.given_by]
         elif decl.on_edge:
             rows[decl.name] = inputs[decl.name][batch.edge_order]
     return rows
 
 
-def _given_rows(batch: ForestBatch, given_by: str) -> Tensor:
-    """A `down` cell's runtime-given edge input (`runtime.edges.given_by_runtime`) in its kernels' edge order,
-    `[E, 1]` float32, from the batch's tensors: the reversed forest's child of edge e is the forest's parent,
-    whose children count and first edge (by parent id) follow from how often it is a child there."""
+def _given_rows(batch: ForestBatch) -> dict[str, Tensor]:
+    """A `down` cell's runtime-given edge inputs (`runtime.edges.given_by_runtime`) by what they hold, in its
+    kernels' edge order, `[E, 1]` float32, from the batch's tensors: the reversed forest's child of edge e is
+    the forest's parent, whose children count and first edge (by parent id) follow from how often it is a
+    child there."""
     parent = batch.edge_child
     counts = torch.zeros(batch.level_order.shape[0], dtype=torch.int64, device=parent.device)
     counts = counts.index_add(0, parent, torch.ones_like(parent))  # each node's children in the forest
     first = torch.cumsum(counts, 0) - counts  # each node's first edge (by parent id)
-    # "position": the edge's number less its parent's first edge
-    values = counts[parent] if given_by == "siblings" else batch.edge_order - first[parent]
-    return values.to(torch.float32).reshape(-1, 1)
+    values = {"siblings": counts[parent], "position": batch.edge_order - first[parent]}
+    return {name: v.to(torch.float32).reshape(-1, 1) for name, v in values.items()}
 
 
 # ------------------------------------------------------------------------------------------------ sparse tables
