@@ -16,7 +16,7 @@ from tests.helpers import REPO
 
 def test_a_t_step_ggnn_learns_distances_up_to_t_and_one_step_fewer_does_not(tmp_path):
     seed = int(np.random.default_rng().integers(1 << 30))
-    command = [sys.executable, str(REPO / "examples" / "ggnn_distance.py"), "--steps", "3", "--epochs", "12"]
+    command = [sys.executable, str(REPO / "examples" / "ggnn_distance.py"), "--steps", "3", "--epochs", "30"]
     command += ["--train-graphs", "400", "--test-graphs", "100", "--seed", str(seed), "--out", str(tmp_path)]
     env = dict(os.environ, PYTHONPATH=str(REPO))
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
