@@ -339,6 +339,16 @@ def _loop_grid(kernel: Kernel, step: Loop) -> int:
     return value.shape[1] if len(_pad_spans(kernel, step.value, step.width)) == 1 else 0
 
 
+def _plain_columns(step: Gemm) -> list[tuple[int, int]]:
+    """The column ranges of a grouped GEMM that every row computes: those of no `Grouped` range."""
+    ranges, start = [], 0
+    for g in step.grouped:
+        if g.lo > start:
+            ranges.append((start, g.lo))
+        start = g.lo + g.groups * g.width
+    return ranges + ([(start, step.m)] if step.grouped and start < step.m else [])
+
+
 def _step_context(exprs: KernelExprs, kernel: Kernel, step, grid_ok: bool = False) -> dict[str, Any]:
     """A step's template context; `grid_ok`: its columns are not split over blocks (a Loop may then walk a
     matrix by row and column, `_loop_grid`)."""
@@ -353,6 +363,19 @@ def _step_context(exprs: KernelExprs, kernel: Kernel, step, grid_ok: bool = Fals
             "m": step.m,
             "packed": step.packed,
             "out": step.out,
+            "scratch": step.scratch,
+            "grouped": [
+                {"lo": g.lo, "width": g.width, "groups": g.groups, "index": exprs.ref(g.index, step.rows, "i", "0")}
+                for g in step.grouped
+            ],
+            "plain": _plain_columns(step),
+            "grouped_k": None
+            if step.grouped_k is None
+            else {
+                "width": step.grouped_k.width,
+                "groups": step.grouped_k.groups,
+                "index": exprs.ref(step.grouped_k.index, step.rows, "i", "0"),
+            },
         }
     if isinstance(step, Loop):
         render = exprs.compute if step.compute else exprs.ref
@@ -422,6 +445,13 @@ def _step_context(exprs: KernelExprs, kernel: Kernel, step, grid_ok: bool = Fals
             "m": step.m,
             "k": step.k,
             "acc": f"acc_{step.param}",
+            "grouped": None
+            if step.grouped is None
+            else {
+                "width": step.grouped.width,
+                "groups": step.grouped.groups,
+                "index": exprs.ref(step.grouped.index, step.rows, "i", "0"),
+            },
         }
     if isinstance(step, AccumSum):
         return {

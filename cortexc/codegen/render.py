@@ -22,7 +22,7 @@ from cortexc.codegen.exprs import (
 from cortexc.codegen.kernel_context import kernel_context
 from cortexc.codegen.target import Target
 from cortexc.ir.cell import Cell
-from cortexc.ir.ops import Op
+from cortexc.ir.ops import DType, Op
 from cortexc.ir.program import (
     AccumOuter,
     AccumSum,
@@ -285,9 +285,24 @@ def deferred_outer_products(program: Program) -> list[dict[str, Any]]:
                 "narrow": term.narrow,
                 "levels": levels,
                 "positions": positions,
+                "group": _deferred_group(program, kernel, kernel.steps[term.step]),
             }
         )
     return terms
+
+
+def _deferred_group(program: Program, kernel: Kernel, step: Any) -> dict[str, Any] | None:
+    """For a term of a chosen product's gradient (`AccumOuter.grouped`) over child edges whose choice is an
+    edge index input: that input's slot in `cx_call.inputs` and the group's width, so the deferred phase
+    reads each row's group and skips the rows of groups outside a block (their factors are zero there)."""
+    grouped = getattr(step, "grouped", None)
+    if grouped is None or step.rows != RowKind.CHILD:
+        return None
+    chooser = kernel.body.values[grouped.index]
+    if chooser.op != Op.EDGE_INPUT or chooser.dtype != DType.I32:
+        return None
+    inputs = [i.name for i in program.cell.inputs]
+    return {"input": inputs.index(chooser.attr("name")), "width": grouped.width}
 
 
 def _accumulators(cell: Cell, program: Program, deferred: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -77,8 +77,22 @@ class Buffer:
 
 
 @dataclass(frozen=True)
+class Grouped:
+    """Columns of a GEMM that a row needs for one matrix of a family only (`passes.grouping`): of the
+    columns ``[lo + g * width, lo + (g + 1) * width)`` for g < `groups`, row r reads only those of g = the
+    value `index` at r (a relation or a position: its `select`), so only those are computed."""
+
+    lo: int
+    width: int
+    groups: int
+    index: int  # the body's value that chooses the group
+
+
+@dataclass(frozen=True)
 class Gemm:
-    """`out[row, :] = operand[row, :] @ concat(weights).T` for every row: matmuls sharing an operand."""
+    """`out[row, :] = operand[row, :] @ concat(weights).T` for every row: matmuls sharing an operand. The columns
+    of a `grouped` range are computed for each row's group alone (in `scratch`, a buffer of the kernel); with
+    `grouped_k`, the operand's k of each row's group alone (the rest are zero)."""
 
     out: str
     operand: int
@@ -88,6 +102,9 @@ class Gemm:
     k: int
     m: int
     fold: str = ""  # `Fold.name` when the operand is a table row: an inference may read the folded table instead
+    grouped: tuple[Grouped, ...] = ()
+    grouped_k: Grouped | None = None  # the operand's k are zero but those of the row's group: only those are read
+    scratch: str = ""  # the buffer grouped columns (rows) are computed into before they are copied to their rows
 
 
 @dataclass(frozen=True)
@@ -197,7 +214,8 @@ class Store:
 
 @dataclass(frozen=True)
 class AccumOuter:
-    """`acc[param] += sum over rows of outer(a(row), b(row))`: a weight gradient, as a transposed GEMM."""
+    """`acc[param] += sum over rows of outer(a(row), b(row))`: a weight gradient, as a transposed GEMM. With
+    `grouped`, a row's `a` is zero but in its group's columns, and only those are added (`passes.grouping`)."""
 
     param: str
     a: int
@@ -205,6 +223,7 @@ class AccumOuter:
     rows: RowKind
     m: int
     k: int
+    grouped: Grouped | None = None
 
 
 @dataclass(frozen=True)

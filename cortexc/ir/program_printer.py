@@ -16,7 +16,7 @@ from cortexc.ir.printer import format_value
 from cortexc.ir.program import Kernel, Place, PlaceKind, Program
 
 #: step fields that are indices of values of the kernel's body
-VALUE_FIELDS = frozenset({"value", "operand", "a", "b"})
+VALUE_FIELDS = frozenset({"value", "operand", "a", "b", "index"})
 
 
 def format_program(program: Program, title: str = "") -> str:

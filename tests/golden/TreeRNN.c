@@ -156,18 +156,19 @@ CX_API void cx_pack(const float *W, int M, int K, int ldw, float *packed)
     }
 }
 
-/* Register tiles.  cx_kern_<m>x<np>: m rows (1..MR) x np panels.  b points at the first panel, the next
-   ones follow every K*NR floats; ncols_last is how many columns of the last panel are real.
+/* Register tiles.  cx_kern_<m>x<np>: m rows (1..MR) x np panels.  b points at the first panel's first k, the
+   next panels follow every ks*NR floats (ks: the packed matrix's K; K <= ks: the k walked, a grouped product's
+   range of them); ncols_last is how many columns of the last panel are real.
    A tile of few rows is made wider (more panels) so it still has enough independent accumulators to hide
    the FMA latency: a 1- or 2-row tile of 2 panels has 2-4 dependent chains and runs at a quarter of the
    machine's rate, which is every step of a chain of batch 1..10.  A tile keeps m*np <= 20
    accumulators plus np panel vectors within the 32 vector registers.  Every element of C is
    still one sum over k in order, whatever the tile, so results do not depend on the tiling. */
-CX_NOINLINE void cx_kern_1x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_1x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
 
     for (int k = 0; k < K; k++) {
@@ -183,12 +184,12 @@ CX_NOINLINE void cx_kern_1x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)0 * ldc + 0 * CX_NR, &c0_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_1x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_1x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
 
     for (int k = 0; k < K; k++) {
@@ -207,14 +208,14 @@ CX_NOINLINE void cx_kern_1x2(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)0 * ldc + 1 * CX_NR, &c0_1, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_1x4(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_1x4(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
-    const float *b2 = b + (size_t)2 * K * CX_NR;
-    const float *b3 = b + (size_t)3 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
+    const float *b2 = b + (size_t)2 * ks * CX_NR;
+    const float *b3 = b + (size_t)3 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
 
     for (int k = 0; k < K; k++) {
@@ -239,18 +240,18 @@ CX_NOINLINE void cx_kern_1x4(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)0 * ldc + 3 * CX_NR, &c0_3, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_1x8(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_1x8(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
-    const float *b2 = b + (size_t)2 * K * CX_NR;
-    const float *b3 = b + (size_t)3 * K * CX_NR;
-    const float *b4 = b + (size_t)4 * K * CX_NR;
-    const float *b5 = b + (size_t)5 * K * CX_NR;
-    const float *b6 = b + (size_t)6 * K * CX_NR;
-    const float *b7 = b + (size_t)7 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
+    const float *b2 = b + (size_t)2 * ks * CX_NR;
+    const float *b3 = b + (size_t)3 * ks * CX_NR;
+    const float *b4 = b + (size_t)4 * ks * CX_NR;
+    const float *b5 = b + (size_t)5 * ks * CX_NR;
+    const float *b6 = b + (size_t)6 * ks * CX_NR;
+    const float *b7 = b + (size_t)7 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0}, c0_4 = {0}, c0_5 = {0}, c0_6 = {0}, c0_7 = {0};
 
     for (int k = 0; k < K; k++) {
@@ -287,12 +288,12 @@ CX_NOINLINE void cx_kern_1x8(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)0 * ldc + 7 * CX_NR, &c0_7, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_2x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_2x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
 
@@ -314,13 +315,13 @@ CX_NOINLINE void cx_kern_2x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)1 * ldc + 0 * CX_NR, &c1_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_2x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_2x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
 
@@ -346,15 +347,15 @@ CX_NOINLINE void cx_kern_2x2(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)1 * ldc + 1 * CX_NR, &c1_1, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_2x4(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_2x4(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
-    const float *b2 = b + (size_t)2 * K * CX_NR;
-    const float *b3 = b + (size_t)3 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
+    const float *b2 = b + (size_t)2 * ks * CX_NR;
+    const float *b3 = b + (size_t)3 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
 
@@ -388,19 +389,19 @@ CX_NOINLINE void cx_kern_2x4(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)1 * ldc + 3 * CX_NR, &c1_3, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_2x8(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_2x8(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
-    const float *b2 = b + (size_t)2 * K * CX_NR;
-    const float *b3 = b + (size_t)3 * K * CX_NR;
-    const float *b4 = b + (size_t)4 * K * CX_NR;
-    const float *b5 = b + (size_t)5 * K * CX_NR;
-    const float *b6 = b + (size_t)6 * K * CX_NR;
-    const float *b7 = b + (size_t)7 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
+    const float *b2 = b + (size_t)2 * ks * CX_NR;
+    const float *b3 = b + (size_t)3 * ks * CX_NR;
+    const float *b4 = b + (size_t)4 * ks * CX_NR;
+    const float *b5 = b + (size_t)5 * ks * CX_NR;
+    const float *b6 = b + (size_t)6 * ks * CX_NR;
+    const float *b7 = b + (size_t)7 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0}, c0_4 = {0}, c0_5 = {0}, c0_6 = {0}, c0_7 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0}, c1_4 = {0}, c1_5 = {0}, c1_6 = {0}, c1_7 = {0};
 
@@ -450,13 +451,13 @@ CX_NOINLINE void cx_kern_2x8(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)1 * ldc + 7 * CX_NR, &c1_7, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_3x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_3x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
     const float *a2 = a[2];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
     cx_vf c2_0 = {0};
@@ -484,14 +485,14 @@ CX_NOINLINE void cx_kern_3x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)2 * ldc + 0 * CX_NR, &c2_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_3x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_3x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
     const float *a2 = a[2];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0};
@@ -524,16 +525,16 @@ CX_NOINLINE void cx_kern_3x2(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)2 * ldc + 1 * CX_NR, &c2_1, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_3x4(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_3x4(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
     const float *a2 = a[2];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
-    const float *b2 = b + (size_t)2 * K * CX_NR;
-    const float *b3 = b + (size_t)3 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
+    const float *b2 = b + (size_t)2 * ks * CX_NR;
+    const float *b3 = b + (size_t)3 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
@@ -576,14 +577,14 @@ CX_NOINLINE void cx_kern_3x4(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)2 * ldc + 3 * CX_NR, &c2_3, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_4x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_4x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
     const float *a2 = a[2];
     const float *a3 = a[3];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
     cx_vf c2_0 = {0};
@@ -617,15 +618,15 @@ CX_NOINLINE void cx_kern_4x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)3 * ldc + 0 * CX_NR, &c3_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_4x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_4x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
     const float *a2 = a[2];
     const float *a3 = a[3];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0};
@@ -665,17 +666,17 @@ CX_NOINLINE void cx_kern_4x2(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)3 * ldc + 1 * CX_NR, &c3_1, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_4x4(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_4x4(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
     const float *a2 = a[2];
     const float *a3 = a[3];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
-    const float *b2 = b + (size_t)2 * K * CX_NR;
-    const float *b3 = b + (size_t)3 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
+    const float *b2 = b + (size_t)2 * ks * CX_NR;
+    const float *b3 = b + (size_t)3 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
@@ -727,7 +728,7 @@ CX_NOINLINE void cx_kern_4x4(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)3 * ldc + 3 * CX_NR, &c3_3, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_5x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_5x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -735,7 +736,7 @@ CX_NOINLINE void cx_kern_5x1(const float *const *a, int K, const float *b, int n
     const float *a2 = a[2];
     const float *a3 = a[3];
     const float *a4 = a[4];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
     cx_vf c2_0 = {0};
@@ -775,7 +776,7 @@ CX_NOINLINE void cx_kern_5x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)4 * ldc + 0 * CX_NR, &c4_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_5x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_5x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -783,8 +784,8 @@ CX_NOINLINE void cx_kern_5x2(const float *const *a, int K, const float *b, int n
     const float *a2 = a[2];
     const float *a3 = a[3];
     const float *a4 = a[4];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0};
@@ -831,7 +832,7 @@ CX_NOINLINE void cx_kern_5x2(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)4 * ldc + 1 * CX_NR, &c4_1, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_5x4(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_5x4(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -839,10 +840,10 @@ CX_NOINLINE void cx_kern_5x4(const float *const *a, int K, const float *b, int n
     const float *a2 = a[2];
     const float *a3 = a[3];
     const float *a4 = a[4];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
-    const float *b2 = b + (size_t)2 * K * CX_NR;
-    const float *b3 = b + (size_t)3 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
+    const float *b2 = b + (size_t)2 * ks * CX_NR;
+    const float *b3 = b + (size_t)3 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
@@ -903,7 +904,7 @@ CX_NOINLINE void cx_kern_5x4(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)4 * ldc + 3 * CX_NR, &c4_3, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_6x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_6x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -912,7 +913,7 @@ CX_NOINLINE void cx_kern_6x1(const float *const *a, int K, const float *b, int n
     const float *a3 = a[3];
     const float *a4 = a[4];
     const float *a5 = a[5];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
     cx_vf c2_0 = {0};
@@ -958,7 +959,7 @@ CX_NOINLINE void cx_kern_6x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)5 * ldc + 0 * CX_NR, &c5_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_6x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_6x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -967,8 +968,8 @@ CX_NOINLINE void cx_kern_6x2(const float *const *a, int K, const float *b, int n
     const float *a3 = a[3];
     const float *a4 = a[4];
     const float *a5 = a[5];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0};
@@ -1022,7 +1023,7 @@ CX_NOINLINE void cx_kern_6x2(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)5 * ldc + 1 * CX_NR, &c5_1, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_7x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_7x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -1032,7 +1033,7 @@ CX_NOINLINE void cx_kern_7x1(const float *const *a, int K, const float *b, int n
     const float *a4 = a[4];
     const float *a5 = a[5];
     const float *a6 = a[6];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
     cx_vf c2_0 = {0};
@@ -1084,7 +1085,7 @@ CX_NOINLINE void cx_kern_7x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)6 * ldc + 0 * CX_NR, &c6_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_7x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_7x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -1094,8 +1095,8 @@ CX_NOINLINE void cx_kern_7x2(const float *const *a, int K, const float *b, int n
     const float *a4 = a[4];
     const float *a5 = a[5];
     const float *a6 = a[6];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0};
@@ -1156,7 +1157,7 @@ CX_NOINLINE void cx_kern_7x2(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)6 * ldc + 1 * CX_NR, &c6_1, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_8x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_8x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -1167,7 +1168,7 @@ CX_NOINLINE void cx_kern_8x1(const float *const *a, int K, const float *b, int n
     const float *a5 = a[5];
     const float *a6 = a[6];
     const float *a7 = a[7];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
     cx_vf c2_0 = {0};
@@ -1225,7 +1226,7 @@ CX_NOINLINE void cx_kern_8x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)7 * ldc + 0 * CX_NR, &c7_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_8x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_8x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -1236,8 +1237,8 @@ CX_NOINLINE void cx_kern_8x2(const float *const *a, int K, const float *b, int n
     const float *a5 = a[5];
     const float *a6 = a[6];
     const float *a7 = a[7];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0};
@@ -1324,40 +1325,42 @@ static int cx_tile_panels(int m)
 
 /* Tile dispatch: m rows (1..MR), np panels (a width cx_kern_<m>x<np> exists for: a power of two up to
    cx_tile_panels(m)). */
-static void cx_kern(int m, int np, const float *const *a, int K, const float *b, int ncols_last,
+static void cx_kern(int m, int np, const float *const *a, int K, const float *b, int ks, int ncols_last,
                     float *c, int ldc, int acc)
 {
     switch (m * 64 + np) {
-    case 65: cx_kern_1x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 66: cx_kern_1x2(a, K, b, ncols_last, c, ldc, acc); break;
-    case 68: cx_kern_1x4(a, K, b, ncols_last, c, ldc, acc); break;
-    case 72: cx_kern_1x8(a, K, b, ncols_last, c, ldc, acc); break;
-    case 129: cx_kern_2x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 130: cx_kern_2x2(a, K, b, ncols_last, c, ldc, acc); break;
-    case 132: cx_kern_2x4(a, K, b, ncols_last, c, ldc, acc); break;
-    case 136: cx_kern_2x8(a, K, b, ncols_last, c, ldc, acc); break;
-    case 193: cx_kern_3x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 194: cx_kern_3x2(a, K, b, ncols_last, c, ldc, acc); break;
-    case 196: cx_kern_3x4(a, K, b, ncols_last, c, ldc, acc); break;
-    case 257: cx_kern_4x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 258: cx_kern_4x2(a, K, b, ncols_last, c, ldc, acc); break;
-    case 260: cx_kern_4x4(a, K, b, ncols_last, c, ldc, acc); break;
-    case 321: cx_kern_5x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 322: cx_kern_5x2(a, K, b, ncols_last, c, ldc, acc); break;
-    case 324: cx_kern_5x4(a, K, b, ncols_last, c, ldc, acc); break;
-    case 385: cx_kern_6x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 386: cx_kern_6x2(a, K, b, ncols_last, c, ldc, acc); break;
-    case 449: cx_kern_7x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 450: cx_kern_7x2(a, K, b, ncols_last, c, ldc, acc); break;
-    case 513: cx_kern_8x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 514: cx_kern_8x2(a, K, b, ncols_last, c, ldc, acc); break;
+    case 65: cx_kern_1x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 66: cx_kern_1x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 68: cx_kern_1x4(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 72: cx_kern_1x8(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 129: cx_kern_2x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 130: cx_kern_2x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 132: cx_kern_2x4(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 136: cx_kern_2x8(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 193: cx_kern_3x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 194: cx_kern_3x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 196: cx_kern_3x4(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 257: cx_kern_4x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 258: cx_kern_4x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 260: cx_kern_4x4(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 321: cx_kern_5x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 322: cx_kern_5x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 324: cx_kern_5x4(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 385: cx_kern_6x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 386: cx_kern_6x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 449: cx_kern_7x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 450: cx_kern_7x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 513: cx_kern_8x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 514: cx_kern_8x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
     default:
         break;
     }
 }
 
-CX_API void cx_gemm_rows(int rows, const float *const *a_rows, int K, const float *packed, int M,
-                         int p0, int p1, float *c, int ldc, int accumulate)
+/* cx_gemm_rows into a c whose first column is column c0 of the product (c0 a whole panel's), over the K k
+   from `packed` (a pointer into a packed matrix of ks k: k range [k0, k0 + K) at packed + k0 * CX_NR). */
+static void cx_gemm_rows_from(int rows, const float *const *a_rows, int K, int ks, const float *packed, int M,
+                              int p0, int p1, float *c, int ldc, int c0, int accumulate)
 {
     int panels = (M + CX_NR - 1) / CX_NR;
     if (p0 < 0) p0 = 0;
@@ -1380,11 +1383,70 @@ CX_API void cx_gemm_rows(int rows, const float *const *a_rows, int K, const floa
                 while (np > pend - p) np >>= 1;
                 int last_col = (p + np - 1) * CX_NR;
                 int ncols_last = M - last_col < CX_NR ? M - last_col : CX_NR;
-                cx_kern(m, np, a_rows + i, K, packed + (size_t)p * K * CX_NR, ncols_last,
-                        c + (size_t)i * ldc + (size_t)p * CX_NR, ldc, accumulate);
+                cx_kern(m, np, a_rows + i, K, packed + (size_t)p * ks * CX_NR, ks, ncols_last,
+                        c + (size_t)i * ldc + ((size_t)p * CX_NR - (size_t)c0), ldc, accumulate);
                 p += np;
             }
         }
+    }
+}
+
+CX_API void cx_gemm_rows(int rows, const float *const *a_rows, int K, const float *packed, int M,
+                         int p0, int p1, float *c, int ldc, int accumulate)
+{
+    cx_gemm_rows_from(rows, a_rows, K, K, packed, M, p0, p1, c, ldc, 0, accumulate);
+}
+
+/* The products of a family of matrices where each row needs one matrix's: of the columns
+   [lo + g * width, lo + (g + 1) * width) (g < ngroups), row i gets those of g = group[i] only (others of c
+   are left as they were). The rows of a group are gathered in order (`sorted`, `order`: rows entries each)
+   and multiplied by the panels that cover the group's columns, into `tmp` (rows * (width + 2 * CX_NR)
+   floats), then copied to their rows. Each element is the same sum over k as cx_gemm_rows's. A group
+   outside [0, ngroups) computes nothing (the runtime has refused such an index before). */
+CX_API void cx_gemm_grouped(int rows, const float *const *a_rows, const int *group, int ngroups, int K,
+                            const float *packed, int M, int lo, int width, float *c, int ldc,
+                            const float **sorted, int *order, float *tmp)
+{
+    for (int g = 0; g < ngroups; g++) {
+        int n = 0;
+        for (int i = 0; i < rows; i++)
+            if (group[i] == g) {
+                sorted[n] = a_rows[i];
+                order[n++] = i;
+            }
+        if (n == 0)
+            continue;
+        const int col = lo + g * width, p0 = col / CX_NR, p1 = (col + width + CX_NR - 1) / CX_NR;
+        const int ldt = (p1 - p0) * CX_NR, skip = col - p0 * CX_NR;
+        cx_gemm_rows_from(n, sorted, K, K, packed, M, p0, p1, tmp, ldt, p0 * CX_NR, 0);
+        for (int r = 0; r < n; r++)
+            memcpy(c + (size_t)order[r] * ldc + col, tmp + (size_t)r * ldt + skip, sizeof(float) * (size_t)width);
+    }
+}
+
+/* The gradient side of cx_gemm_grouped: y = W @ a where a row's k are zero but those of its group, the k
+   [g * width, (g + 1) * width), g = group[i] (the row of a chosen product's gradient put back in place:
+   `unselect`): each group's rows are gathered, from their group's first k, and multiplied over that range
+   of k alone, into `tmp` (rows * M floats), then copied to their rows. Every element is the whole GEMM's
+   sum with the zero terms left out (the same value, +0 for -0). A row of a group outside [0, ngroups)
+   is left as it was. */
+CX_API void cx_gemm_grouped_k(int rows, const float *const *a_rows, const int *group, int ngroups, int K, int width,
+                              const float *packed, int M, float *c, int ldc, const float **sorted, int *order,
+                              float *tmp)
+{
+    const int panels = (M + CX_NR - 1) / CX_NR;
+    for (int g = 0; g < ngroups; g++) {
+        int n = 0;
+        for (int i = 0; i < rows; i++)
+            if (group[i] == g) {
+                sorted[n] = a_rows[i] + (size_t)g * width;
+                order[n++] = i;
+            }
+        if (n == 0)
+            continue;
+        cx_gemm_rows_from(n, sorted, width, K, packed + (size_t)g * width * CX_NR, M, 0, panels, tmp, M, 0, 0);
+        for (int r = 0; r < n; r++)
+            memcpy(c + (size_t)order[r] * ldc, tmp + (size_t)r * M, sizeof(float) * (size_t)M);
     }
 }
 
@@ -2267,18 +2329,19 @@ CX_API void cx_pack(const float *W, int M, int K, int ldw, float *packed)
     }
 }
 
-/* Register tiles.  cx_kern_<m>x<np>: m rows (1..MR) x np panels.  b points at the first panel, the next
-   ones follow every K*NR floats; ncols_last is how many columns of the last panel are real.
+/* Register tiles.  cx_kern_<m>x<np>: m rows (1..MR) x np panels.  b points at the first panel's first k, the
+   next panels follow every ks*NR floats (ks: the packed matrix's K; K <= ks: the k walked, a grouped product's
+   range of them); ncols_last is how many columns of the last panel are real.
    A tile of few rows is made wider (more panels) so it still has enough independent accumulators to hide
    the FMA latency: a 1- or 2-row tile of 2 panels has 2-4 dependent chains and runs at a quarter of the
    machine's rate, which is every step of a chain of batch 1..10.  A tile keeps m*np <= 12
    accumulators plus np panel vectors within the 16 vector registers.  Every element of C is
    still one sum over k in order, whatever the tile, so results do not depend on the tiling. */
-CX_NOINLINE void cx_kern_1x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_1x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
 
     for (int k = 0; k < K; k++) {
@@ -2294,12 +2357,12 @@ CX_NOINLINE void cx_kern_1x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)0 * ldc + 0 * CX_NR, &c0_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_1x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_1x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
 
     for (int k = 0; k < K; k++) {
@@ -2318,14 +2381,14 @@ CX_NOINLINE void cx_kern_1x2(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)0 * ldc + 1 * CX_NR, &c0_1, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_1x4(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_1x4(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
-    const float *b2 = b + (size_t)2 * K * CX_NR;
-    const float *b3 = b + (size_t)3 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
+    const float *b2 = b + (size_t)2 * ks * CX_NR;
+    const float *b3 = b + (size_t)3 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
 
     for (int k = 0; k < K; k++) {
@@ -2350,18 +2413,18 @@ CX_NOINLINE void cx_kern_1x4(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)0 * ldc + 3 * CX_NR, &c0_3, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_1x8(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_1x8(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
-    const float *b2 = b + (size_t)2 * K * CX_NR;
-    const float *b3 = b + (size_t)3 * K * CX_NR;
-    const float *b4 = b + (size_t)4 * K * CX_NR;
-    const float *b5 = b + (size_t)5 * K * CX_NR;
-    const float *b6 = b + (size_t)6 * K * CX_NR;
-    const float *b7 = b + (size_t)7 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
+    const float *b2 = b + (size_t)2 * ks * CX_NR;
+    const float *b3 = b + (size_t)3 * ks * CX_NR;
+    const float *b4 = b + (size_t)4 * ks * CX_NR;
+    const float *b5 = b + (size_t)5 * ks * CX_NR;
+    const float *b6 = b + (size_t)6 * ks * CX_NR;
+    const float *b7 = b + (size_t)7 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0}, c0_4 = {0}, c0_5 = {0}, c0_6 = {0}, c0_7 = {0};
 
     for (int k = 0; k < K; k++) {
@@ -2398,12 +2461,12 @@ CX_NOINLINE void cx_kern_1x8(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)0 * ldc + 7 * CX_NR, &c0_7, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_2x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_2x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
 
@@ -2425,13 +2488,13 @@ CX_NOINLINE void cx_kern_2x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)1 * ldc + 0 * CX_NR, &c1_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_2x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_2x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
 
@@ -2457,15 +2520,15 @@ CX_NOINLINE void cx_kern_2x2(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)1 * ldc + 1 * CX_NR, &c1_1, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_2x4(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_2x4(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
-    const float *b2 = b + (size_t)2 * K * CX_NR;
-    const float *b3 = b + (size_t)3 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
+    const float *b2 = b + (size_t)2 * ks * CX_NR;
+    const float *b3 = b + (size_t)3 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
 
@@ -2499,13 +2562,13 @@ CX_NOINLINE void cx_kern_2x4(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)1 * ldc + 3 * CX_NR, &c1_3, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_3x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_3x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
     const float *a2 = a[2];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
     cx_vf c2_0 = {0};
@@ -2533,14 +2596,14 @@ CX_NOINLINE void cx_kern_3x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)2 * ldc + 0 * CX_NR, &c2_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_3x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_3x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
     const float *a2 = a[2];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0};
@@ -2573,14 +2636,14 @@ CX_NOINLINE void cx_kern_3x2(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)2 * ldc + 1 * CX_NR, &c2_1, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_4x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_4x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
     const float *a2 = a[2];
     const float *a3 = a[3];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
     cx_vf c2_0 = {0};
@@ -2614,15 +2677,15 @@ CX_NOINLINE void cx_kern_4x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)3 * ldc + 0 * CX_NR, &c3_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_4x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_4x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
     const float *a2 = a[2];
     const float *a3 = a[3];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0};
@@ -2662,7 +2725,7 @@ CX_NOINLINE void cx_kern_4x2(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)3 * ldc + 1 * CX_NR, &c3_1, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_5x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_5x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -2670,7 +2733,7 @@ CX_NOINLINE void cx_kern_5x1(const float *const *a, int K, const float *b, int n
     const float *a2 = a[2];
     const float *a3 = a[3];
     const float *a4 = a[4];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
     cx_vf c2_0 = {0};
@@ -2710,7 +2773,7 @@ CX_NOINLINE void cx_kern_5x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)4 * ldc + 0 * CX_NR, &c4_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_5x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_5x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -2718,8 +2781,8 @@ CX_NOINLINE void cx_kern_5x2(const float *const *a, int K, const float *b, int n
     const float *a2 = a[2];
     const float *a3 = a[3];
     const float *a4 = a[4];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0};
@@ -2766,7 +2829,7 @@ CX_NOINLINE void cx_kern_5x2(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)4 * ldc + 1 * CX_NR, &c4_1, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_6x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_6x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -2775,7 +2838,7 @@ CX_NOINLINE void cx_kern_6x1(const float *const *a, int K, const float *b, int n
     const float *a3 = a[3];
     const float *a4 = a[4];
     const float *a5 = a[5];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
     cx_vf c2_0 = {0};
@@ -2821,7 +2884,7 @@ CX_NOINLINE void cx_kern_6x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)5 * ldc + 0 * CX_NR, &c5_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_6x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_6x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -2830,8 +2893,8 @@ CX_NOINLINE void cx_kern_6x2(const float *const *a, int K, const float *b, int n
     const float *a3 = a[3];
     const float *a4 = a[4];
     const float *a5 = a[5];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0};
@@ -2902,32 +2965,34 @@ static int cx_tile_panels(int m)
 
 /* Tile dispatch: m rows (1..MR), np panels (a width cx_kern_<m>x<np> exists for: a power of two up to
    cx_tile_panels(m)). */
-static void cx_kern(int m, int np, const float *const *a, int K, const float *b, int ncols_last,
+static void cx_kern(int m, int np, const float *const *a, int K, const float *b, int ks, int ncols_last,
                     float *c, int ldc, int acc)
 {
     switch (m * 64 + np) {
-    case 65: cx_kern_1x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 66: cx_kern_1x2(a, K, b, ncols_last, c, ldc, acc); break;
-    case 68: cx_kern_1x4(a, K, b, ncols_last, c, ldc, acc); break;
-    case 72: cx_kern_1x8(a, K, b, ncols_last, c, ldc, acc); break;
-    case 129: cx_kern_2x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 130: cx_kern_2x2(a, K, b, ncols_last, c, ldc, acc); break;
-    case 132: cx_kern_2x4(a, K, b, ncols_last, c, ldc, acc); break;
-    case 193: cx_kern_3x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 194: cx_kern_3x2(a, K, b, ncols_last, c, ldc, acc); break;
-    case 257: cx_kern_4x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 258: cx_kern_4x2(a, K, b, ncols_last, c, ldc, acc); break;
-    case 321: cx_kern_5x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 322: cx_kern_5x2(a, K, b, ncols_last, c, ldc, acc); break;
-    case 385: cx_kern_6x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 386: cx_kern_6x2(a, K, b, ncols_last, c, ldc, acc); break;
+    case 65: cx_kern_1x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 66: cx_kern_1x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 68: cx_kern_1x4(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 72: cx_kern_1x8(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 129: cx_kern_2x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 130: cx_kern_2x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 132: cx_kern_2x4(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 193: cx_kern_3x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 194: cx_kern_3x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 257: cx_kern_4x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 258: cx_kern_4x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 321: cx_kern_5x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 322: cx_kern_5x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 385: cx_kern_6x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 386: cx_kern_6x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
     default:
         break;
     }
 }
 
-CX_API void cx_gemm_rows(int rows, const float *const *a_rows, int K, const float *packed, int M,
-                         int p0, int p1, float *c, int ldc, int accumulate)
+/* cx_gemm_rows into a c whose first column is column c0 of the product (c0 a whole panel's), over the K k
+   from `packed` (a pointer into a packed matrix of ks k: k range [k0, k0 + K) at packed + k0 * CX_NR). */
+static void cx_gemm_rows_from(int rows, const float *const *a_rows, int K, int ks, const float *packed, int M,
+                              int p0, int p1, float *c, int ldc, int c0, int accumulate)
 {
     int panels = (M + CX_NR - 1) / CX_NR;
     if (p0 < 0) p0 = 0;
@@ -2950,11 +3015,70 @@ CX_API void cx_gemm_rows(int rows, const float *const *a_rows, int K, const floa
                 while (np > pend - p) np >>= 1;
                 int last_col = (p + np - 1) * CX_NR;
                 int ncols_last = M - last_col < CX_NR ? M - last_col : CX_NR;
-                cx_kern(m, np, a_rows + i, K, packed + (size_t)p * K * CX_NR, ncols_last,
-                        c + (size_t)i * ldc + (size_t)p * CX_NR, ldc, accumulate);
+                cx_kern(m, np, a_rows + i, K, packed + (size_t)p * ks * CX_NR, ks, ncols_last,
+                        c + (size_t)i * ldc + ((size_t)p * CX_NR - (size_t)c0), ldc, accumulate);
                 p += np;
             }
         }
+    }
+}
+
+CX_API void cx_gemm_rows(int rows, const float *const *a_rows, int K, const float *packed, int M,
+                         int p0, int p1, float *c, int ldc, int accumulate)
+{
+    cx_gemm_rows_from(rows, a_rows, K, K, packed, M, p0, p1, c, ldc, 0, accumulate);
+}
+
+/* The products of a family of matrices where each row needs one matrix's: of the columns
+   [lo + g * width, lo + (g + 1) * width) (g < ngroups), row i gets those of g = group[i] only (others of c
+   are left as they were). The rows of a group are gathered in order (`sorted`, `order`: rows entries each)
+   and multiplied by the panels that cover the group's columns, into `tmp` (rows * (width + 2 * CX_NR)
+   floats), then copied to their rows. Each element is the same sum over k as cx_gemm_rows's. A group
+   outside [0, ngroups) computes nothing (the runtime has refused such an index before). */
+CX_API void cx_gemm_grouped(int rows, const float *const *a_rows, const int *group, int ngroups, int K,
+                            const float *packed, int M, int lo, int width, float *c, int ldc,
+                            const float **sorted, int *order, float *tmp)
+{
+    for (int g = 0; g < ngroups; g++) {
+        int n = 0;
+        for (int i = 0; i < rows; i++)
+            if (group[i] == g) {
+                sorted[n] = a_rows[i];
+                order[n++] = i;
+            }
+        if (n == 0)
+            continue;
+        const int col = lo + g * width, p0 = col / CX_NR, p1 = (col + width + CX_NR - 1) / CX_NR;
+        const int ldt = (p1 - p0) * CX_NR, skip = col - p0 * CX_NR;
+        cx_gemm_rows_from(n, sorted, K, K, packed, M, p0, p1, tmp, ldt, p0 * CX_NR, 0);
+        for (int r = 0; r < n; r++)
+            memcpy(c + (size_t)order[r] * ldc + col, tmp + (size_t)r * ldt + skip, sizeof(float) * (size_t)width);
+    }
+}
+
+/* The gradient side of cx_gemm_grouped: y = W @ a where a row's k are zero but those of its group, the k
+   [g * width, (g + 1) * width), g = group[i] (the row of a chosen product's gradient put back in place:
+   `unselect`): each group's rows are gathered, from their group's first k, and multiplied over that range
+   of k alone, into `tmp` (rows * M floats), then copied to their rows. Every element is the whole GEMM's
+   sum with the zero terms left out (the same value, +0 for -0). A row of a group outside [0, ngroups)
+   is left as it was. */
+CX_API void cx_gemm_grouped_k(int rows, const float *const *a_rows, const int *group, int ngroups, int K, int width,
+                              const float *packed, int M, float *c, int ldc, const float **sorted, int *order,
+                              float *tmp)
+{
+    const int panels = (M + CX_NR - 1) / CX_NR;
+    for (int g = 0; g < ngroups; g++) {
+        int n = 0;
+        for (int i = 0; i < rows; i++)
+            if (group[i] == g) {
+                sorted[n] = a_rows[i] + (size_t)g * width;
+                order[n++] = i;
+            }
+        if (n == 0)
+            continue;
+        cx_gemm_rows_from(n, sorted, width, K, packed + (size_t)g * width * CX_NR, M, 0, panels, tmp, M, 0, 0);
+        for (int r = 0; r < n; r++)
+            memcpy(c + (size_t)order[r] * ldc, tmp + (size_t)r * M, sizeof(float) * (size_t)M);
     }
 }
 
@@ -3773,18 +3897,19 @@ CX_API void cx_pack(const float *W, int M, int K, int ldw, float *packed)
     }
 }
 
-/* Register tiles.  cx_kern_<m>x<np>: m rows (1..MR) x np panels.  b points at the first panel, the next
-   ones follow every K*NR floats; ncols_last is how many columns of the last panel are real.
+/* Register tiles.  cx_kern_<m>x<np>: m rows (1..MR) x np panels.  b points at the first panel's first k, the
+   next panels follow every ks*NR floats (ks: the packed matrix's K; K <= ks: the k walked, a grouped product's
+   range of them); ncols_last is how many columns of the last panel are real.
    A tile of few rows is made wider (more panels) so it still has enough independent accumulators to hide
    the FMA latency: a 1- or 2-row tile of 2 panels has 2-4 dependent chains and runs at a quarter of the
    machine's rate, which is every step of a chain of batch 1..10.  A tile keeps m*np <= 20
    accumulators plus np panel vectors within the 32 vector registers.  Every element of C is
    still one sum over k in order, whatever the tile, so results do not depend on the tiling. */
-CX_NOINLINE void cx_kern_1x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_1x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
 
     for (int k = 0; k < K; k++) {
@@ -3800,12 +3925,12 @@ CX_NOINLINE void cx_kern_1x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)0 * ldc + 0 * CX_NR, &c0_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_1x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_1x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
 
     for (int k = 0; k < K; k++) {
@@ -3824,14 +3949,14 @@ CX_NOINLINE void cx_kern_1x2(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)0 * ldc + 1 * CX_NR, &c0_1, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_1x4(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_1x4(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
-    const float *b2 = b + (size_t)2 * K * CX_NR;
-    const float *b3 = b + (size_t)3 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
+    const float *b2 = b + (size_t)2 * ks * CX_NR;
+    const float *b3 = b + (size_t)3 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
 
     for (int k = 0; k < K; k++) {
@@ -3856,18 +3981,18 @@ CX_NOINLINE void cx_kern_1x4(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)0 * ldc + 3 * CX_NR, &c0_3, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_1x8(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_1x8(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
-    const float *b2 = b + (size_t)2 * K * CX_NR;
-    const float *b3 = b + (size_t)3 * K * CX_NR;
-    const float *b4 = b + (size_t)4 * K * CX_NR;
-    const float *b5 = b + (size_t)5 * K * CX_NR;
-    const float *b6 = b + (size_t)6 * K * CX_NR;
-    const float *b7 = b + (size_t)7 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
+    const float *b2 = b + (size_t)2 * ks * CX_NR;
+    const float *b3 = b + (size_t)3 * ks * CX_NR;
+    const float *b4 = b + (size_t)4 * ks * CX_NR;
+    const float *b5 = b + (size_t)5 * ks * CX_NR;
+    const float *b6 = b + (size_t)6 * ks * CX_NR;
+    const float *b7 = b + (size_t)7 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0}, c0_4 = {0}, c0_5 = {0}, c0_6 = {0}, c0_7 = {0};
 
     for (int k = 0; k < K; k++) {
@@ -3904,12 +4029,12 @@ CX_NOINLINE void cx_kern_1x8(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)0 * ldc + 7 * CX_NR, &c0_7, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_2x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_2x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
 
@@ -3931,13 +4056,13 @@ CX_NOINLINE void cx_kern_2x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)1 * ldc + 0 * CX_NR, &c1_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_2x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_2x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
 
@@ -3963,15 +4088,15 @@ CX_NOINLINE void cx_kern_2x2(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)1 * ldc + 1 * CX_NR, &c1_1, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_2x4(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_2x4(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
-    const float *b2 = b + (size_t)2 * K * CX_NR;
-    const float *b3 = b + (size_t)3 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
+    const float *b2 = b + (size_t)2 * ks * CX_NR;
+    const float *b3 = b + (size_t)3 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
 
@@ -4005,19 +4130,19 @@ CX_NOINLINE void cx_kern_2x4(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)1 * ldc + 3 * CX_NR, &c1_3, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_2x8(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_2x8(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
-    const float *b2 = b + (size_t)2 * K * CX_NR;
-    const float *b3 = b + (size_t)3 * K * CX_NR;
-    const float *b4 = b + (size_t)4 * K * CX_NR;
-    const float *b5 = b + (size_t)5 * K * CX_NR;
-    const float *b6 = b + (size_t)6 * K * CX_NR;
-    const float *b7 = b + (size_t)7 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
+    const float *b2 = b + (size_t)2 * ks * CX_NR;
+    const float *b3 = b + (size_t)3 * ks * CX_NR;
+    const float *b4 = b + (size_t)4 * ks * CX_NR;
+    const float *b5 = b + (size_t)5 * ks * CX_NR;
+    const float *b6 = b + (size_t)6 * ks * CX_NR;
+    const float *b7 = b + (size_t)7 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0}, c0_4 = {0}, c0_5 = {0}, c0_6 = {0}, c0_7 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0}, c1_4 = {0}, c1_5 = {0}, c1_6 = {0}, c1_7 = {0};
 
@@ -4067,13 +4192,13 @@ CX_NOINLINE void cx_kern_2x8(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)1 * ldc + 7 * CX_NR, &c1_7, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_3x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_3x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
     const float *a2 = a[2];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
     cx_vf c2_0 = {0};
@@ -4101,14 +4226,14 @@ CX_NOINLINE void cx_kern_3x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)2 * ldc + 0 * CX_NR, &c2_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_3x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_3x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
     const float *a2 = a[2];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0};
@@ -4141,16 +4266,16 @@ CX_NOINLINE void cx_kern_3x2(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)2 * ldc + 1 * CX_NR, &c2_1, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_3x4(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_3x4(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
     const float *a2 = a[2];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
-    const float *b2 = b + (size_t)2 * K * CX_NR;
-    const float *b3 = b + (size_t)3 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
+    const float *b2 = b + (size_t)2 * ks * CX_NR;
+    const float *b3 = b + (size_t)3 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
@@ -4193,14 +4318,14 @@ CX_NOINLINE void cx_kern_3x4(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)2 * ldc + 3 * CX_NR, &c2_3, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_4x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_4x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
     const float *a2 = a[2];
     const float *a3 = a[3];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
     cx_vf c2_0 = {0};
@@ -4234,15 +4359,15 @@ CX_NOINLINE void cx_kern_4x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)3 * ldc + 0 * CX_NR, &c3_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_4x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_4x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
     const float *a2 = a[2];
     const float *a3 = a[3];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0};
@@ -4282,17 +4407,17 @@ CX_NOINLINE void cx_kern_4x2(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)3 * ldc + 1 * CX_NR, &c3_1, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_4x4(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_4x4(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
     const float *a2 = a[2];
     const float *a3 = a[3];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
-    const float *b2 = b + (size_t)2 * K * CX_NR;
-    const float *b3 = b + (size_t)3 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
+    const float *b2 = b + (size_t)2 * ks * CX_NR;
+    const float *b3 = b + (size_t)3 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
@@ -4344,7 +4469,7 @@ CX_NOINLINE void cx_kern_4x4(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)3 * ldc + 3 * CX_NR, &c3_3, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_5x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_5x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -4352,7 +4477,7 @@ CX_NOINLINE void cx_kern_5x1(const float *const *a, int K, const float *b, int n
     const float *a2 = a[2];
     const float *a3 = a[3];
     const float *a4 = a[4];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
     cx_vf c2_0 = {0};
@@ -4392,7 +4517,7 @@ CX_NOINLINE void cx_kern_5x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)4 * ldc + 0 * CX_NR, &c4_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_5x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_5x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -4400,8 +4525,8 @@ CX_NOINLINE void cx_kern_5x2(const float *const *a, int K, const float *b, int n
     const float *a2 = a[2];
     const float *a3 = a[3];
     const float *a4 = a[4];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0};
@@ -4448,7 +4573,7 @@ CX_NOINLINE void cx_kern_5x2(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)4 * ldc + 1 * CX_NR, &c4_1, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_5x4(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_5x4(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -4456,10 +4581,10 @@ CX_NOINLINE void cx_kern_5x4(const float *const *a, int K, const float *b, int n
     const float *a2 = a[2];
     const float *a3 = a[3];
     const float *a4 = a[4];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
-    const float *b2 = b + (size_t)2 * K * CX_NR;
-    const float *b3 = b + (size_t)3 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
+    const float *b2 = b + (size_t)2 * ks * CX_NR;
+    const float *b3 = b + (size_t)3 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0}, c2_2 = {0}, c2_3 = {0};
@@ -4520,7 +4645,7 @@ CX_NOINLINE void cx_kern_5x4(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)4 * ldc + 3 * CX_NR, &c4_3, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_6x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_6x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -4529,7 +4654,7 @@ CX_NOINLINE void cx_kern_6x1(const float *const *a, int K, const float *b, int n
     const float *a3 = a[3];
     const float *a4 = a[4];
     const float *a5 = a[5];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
     cx_vf c2_0 = {0};
@@ -4575,7 +4700,7 @@ CX_NOINLINE void cx_kern_6x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)5 * ldc + 0 * CX_NR, &c5_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_6x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_6x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -4584,8 +4709,8 @@ CX_NOINLINE void cx_kern_6x2(const float *const *a, int K, const float *b, int n
     const float *a3 = a[3];
     const float *a4 = a[4];
     const float *a5 = a[5];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0};
@@ -4639,7 +4764,7 @@ CX_NOINLINE void cx_kern_6x2(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)5 * ldc + 1 * CX_NR, &c5_1, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_7x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_7x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -4649,7 +4774,7 @@ CX_NOINLINE void cx_kern_7x1(const float *const *a, int K, const float *b, int n
     const float *a4 = a[4];
     const float *a5 = a[5];
     const float *a6 = a[6];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
     cx_vf c2_0 = {0};
@@ -4701,7 +4826,7 @@ CX_NOINLINE void cx_kern_7x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)6 * ldc + 0 * CX_NR, &c6_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_7x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_7x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -4711,8 +4836,8 @@ CX_NOINLINE void cx_kern_7x2(const float *const *a, int K, const float *b, int n
     const float *a4 = a[4];
     const float *a5 = a[5];
     const float *a6 = a[6];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0};
@@ -4773,7 +4898,7 @@ CX_NOINLINE void cx_kern_7x2(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)6 * ldc + 1 * CX_NR, &c6_1, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_8x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_8x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -4784,7 +4909,7 @@ CX_NOINLINE void cx_kern_8x1(const float *const *a, int K, const float *b, int n
     const float *a5 = a[5];
     const float *a6 = a[6];
     const float *a7 = a[7];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
     cx_vf c2_0 = {0};
@@ -4842,7 +4967,7 @@ CX_NOINLINE void cx_kern_8x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)7 * ldc + 0 * CX_NR, &c7_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_8x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_8x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -4853,8 +4978,8 @@ CX_NOINLINE void cx_kern_8x2(const float *const *a, int K, const float *b, int n
     const float *a5 = a[5];
     const float *a6 = a[6];
     const float *a7 = a[7];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0};
@@ -4941,40 +5066,42 @@ static int cx_tile_panels(int m)
 
 /* Tile dispatch: m rows (1..MR), np panels (a width cx_kern_<m>x<np> exists for: a power of two up to
    cx_tile_panels(m)). */
-static void cx_kern(int m, int np, const float *const *a, int K, const float *b, int ncols_last,
+static void cx_kern(int m, int np, const float *const *a, int K, const float *b, int ks, int ncols_last,
                     float *c, int ldc, int acc)
 {
     switch (m * 64 + np) {
-    case 65: cx_kern_1x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 66: cx_kern_1x2(a, K, b, ncols_last, c, ldc, acc); break;
-    case 68: cx_kern_1x4(a, K, b, ncols_last, c, ldc, acc); break;
-    case 72: cx_kern_1x8(a, K, b, ncols_last, c, ldc, acc); break;
-    case 129: cx_kern_2x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 130: cx_kern_2x2(a, K, b, ncols_last, c, ldc, acc); break;
-    case 132: cx_kern_2x4(a, K, b, ncols_last, c, ldc, acc); break;
-    case 136: cx_kern_2x8(a, K, b, ncols_last, c, ldc, acc); break;
-    case 193: cx_kern_3x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 194: cx_kern_3x2(a, K, b, ncols_last, c, ldc, acc); break;
-    case 196: cx_kern_3x4(a, K, b, ncols_last, c, ldc, acc); break;
-    case 257: cx_kern_4x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 258: cx_kern_4x2(a, K, b, ncols_last, c, ldc, acc); break;
-    case 260: cx_kern_4x4(a, K, b, ncols_last, c, ldc, acc); break;
-    case 321: cx_kern_5x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 322: cx_kern_5x2(a, K, b, ncols_last, c, ldc, acc); break;
-    case 324: cx_kern_5x4(a, K, b, ncols_last, c, ldc, acc); break;
-    case 385: cx_kern_6x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 386: cx_kern_6x2(a, K, b, ncols_last, c, ldc, acc); break;
-    case 449: cx_kern_7x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 450: cx_kern_7x2(a, K, b, ncols_last, c, ldc, acc); break;
-    case 513: cx_kern_8x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 514: cx_kern_8x2(a, K, b, ncols_last, c, ldc, acc); break;
+    case 65: cx_kern_1x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 66: cx_kern_1x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 68: cx_kern_1x4(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 72: cx_kern_1x8(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 129: cx_kern_2x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 130: cx_kern_2x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 132: cx_kern_2x4(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 136: cx_kern_2x8(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 193: cx_kern_3x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 194: cx_kern_3x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 196: cx_kern_3x4(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 257: cx_kern_4x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 258: cx_kern_4x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 260: cx_kern_4x4(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 321: cx_kern_5x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 322: cx_kern_5x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 324: cx_kern_5x4(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 385: cx_kern_6x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 386: cx_kern_6x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 449: cx_kern_7x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 450: cx_kern_7x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 513: cx_kern_8x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 514: cx_kern_8x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
     default:
         break;
     }
 }
 
-CX_API void cx_gemm_rows(int rows, const float *const *a_rows, int K, const float *packed, int M,
-                         int p0, int p1, float *c, int ldc, int accumulate)
+/* cx_gemm_rows into a c whose first column is column c0 of the product (c0 a whole panel's), over the K k
+   from `packed` (a pointer into a packed matrix of ks k: k range [k0, k0 + K) at packed + k0 * CX_NR). */
+static void cx_gemm_rows_from(int rows, const float *const *a_rows, int K, int ks, const float *packed, int M,
+                              int p0, int p1, float *c, int ldc, int c0, int accumulate)
 {
     int panels = (M + CX_NR - 1) / CX_NR;
     if (p0 < 0) p0 = 0;
@@ -4997,11 +5124,70 @@ CX_API void cx_gemm_rows(int rows, const float *const *a_rows, int K, const floa
                 while (np > pend - p) np >>= 1;
                 int last_col = (p + np - 1) * CX_NR;
                 int ncols_last = M - last_col < CX_NR ? M - last_col : CX_NR;
-                cx_kern(m, np, a_rows + i, K, packed + (size_t)p * K * CX_NR, ncols_last,
-                        c + (size_t)i * ldc + (size_t)p * CX_NR, ldc, accumulate);
+                cx_kern(m, np, a_rows + i, K, packed + (size_t)p * ks * CX_NR, ks, ncols_last,
+                        c + (size_t)i * ldc + ((size_t)p * CX_NR - (size_t)c0), ldc, accumulate);
                 p += np;
             }
         }
+    }
+}
+
+CX_API void cx_gemm_rows(int rows, const float *const *a_rows, int K, const float *packed, int M,
+                         int p0, int p1, float *c, int ldc, int accumulate)
+{
+    cx_gemm_rows_from(rows, a_rows, K, K, packed, M, p0, p1, c, ldc, 0, accumulate);
+}
+
+/* The products of a family of matrices where each row needs one matrix's: of the columns
+   [lo + g * width, lo + (g + 1) * width) (g < ngroups), row i gets those of g = group[i] only (others of c
+   are left as they were). The rows of a group are gathered in order (`sorted`, `order`: rows entries each)
+   and multiplied by the panels that cover the group's columns, into `tmp` (rows * (width + 2 * CX_NR)
+   floats), then copied to their rows. Each element is the same sum over k as cx_gemm_rows's. A group
+   outside [0, ngroups) computes nothing (the runtime has refused such an index before). */
+CX_API void cx_gemm_grouped(int rows, const float *const *a_rows, const int *group, int ngroups, int K,
+                            const float *packed, int M, int lo, int width, float *c, int ldc,
+                            const float **sorted, int *order, float *tmp)
+{
+    for (int g = 0; g < ngroups; g++) {
+        int n = 0;
+        for (int i = 0; i < rows; i++)
+            if (group[i] == g) {
+                sorted[n] = a_rows[i];
+                order[n++] = i;
+            }
+        if (n == 0)
+            continue;
+        const int col = lo + g * width, p0 = col / CX_NR, p1 = (col + width + CX_NR - 1) / CX_NR;
+        const int ldt = (p1 - p0) * CX_NR, skip = col - p0 * CX_NR;
+        cx_gemm_rows_from(n, sorted, K, K, packed, M, p0, p1, tmp, ldt, p0 * CX_NR, 0);
+        for (int r = 0; r < n; r++)
+            memcpy(c + (size_t)order[r] * ldc + col, tmp + (size_t)r * ldt + skip, sizeof(float) * (size_t)width);
+    }
+}
+
+/* The gradient side of cx_gemm_grouped: y = W @ a where a row's k are zero but those of its group, the k
+   [g * width, (g + 1) * width), g = group[i] (the row of a chosen product's gradient put back in place:
+   `unselect`): each group's rows are gathered, from their group's first k, and multiplied over that range
+   of k alone, into `tmp` (rows * M floats), then copied to their rows. Every element is the whole GEMM's
+   sum with the zero terms left out (the same value, +0 for -0). A row of a group outside [0, ngroups)
+   is left as it was. */
+CX_API void cx_gemm_grouped_k(int rows, const float *const *a_rows, const int *group, int ngroups, int K, int width,
+                              const float *packed, int M, float *c, int ldc, const float **sorted, int *order,
+                              float *tmp)
+{
+    const int panels = (M + CX_NR - 1) / CX_NR;
+    for (int g = 0; g < ngroups; g++) {
+        int n = 0;
+        for (int i = 0; i < rows; i++)
+            if (group[i] == g) {
+                sorted[n] = a_rows[i] + (size_t)g * width;
+                order[n++] = i;
+            }
+        if (n == 0)
+            continue;
+        cx_gemm_rows_from(n, sorted, width, K, packed + (size_t)g * width * CX_NR, M, 0, panels, tmp, M, 0, 0);
+        for (int r = 0; r < n; r++)
+            memcpy(c + (size_t)order[r] * ldc, tmp + (size_t)r * M, sizeof(float) * (size_t)M);
     }
 }
 
@@ -5884,18 +6070,19 @@ CX_API void cx_pack(const float *W, int M, int K, int ldw, float *packed)
     }
 }
 
-/* Register tiles.  cx_kern_<m>x<np>: m rows (1..MR) x np panels.  b points at the first panel, the next
-   ones follow every K*NR floats; ncols_last is how many columns of the last panel are real.
+/* Register tiles.  cx_kern_<m>x<np>: m rows (1..MR) x np panels.  b points at the first panel's first k, the
+   next panels follow every ks*NR floats (ks: the packed matrix's K; K <= ks: the k walked, a grouped product's
+   range of them); ncols_last is how many columns of the last panel are real.
    A tile of few rows is made wider (more panels) so it still has enough independent accumulators to hide
    the FMA latency: a 1- or 2-row tile of 2 panels has 2-4 dependent chains and runs at a quarter of the
    machine's rate, which is every step of a chain of batch 1..10.  A tile keeps m*np <= 12
    accumulators plus np panel vectors within the 16 vector registers.  Every element of C is
    still one sum over k in order, whatever the tile, so results do not depend on the tiling. */
-CX_NOINLINE void cx_kern_1x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_1x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
 
     for (int k = 0; k < K; k++) {
@@ -5911,12 +6098,12 @@ CX_NOINLINE void cx_kern_1x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)0 * ldc + 0 * CX_NR, &c0_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_1x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_1x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
 
     for (int k = 0; k < K; k++) {
@@ -5935,14 +6122,14 @@ CX_NOINLINE void cx_kern_1x2(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)0 * ldc + 1 * CX_NR, &c0_1, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_1x4(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_1x4(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
-    const float *b2 = b + (size_t)2 * K * CX_NR;
-    const float *b3 = b + (size_t)3 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
+    const float *b2 = b + (size_t)2 * ks * CX_NR;
+    const float *b3 = b + (size_t)3 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
 
     for (int k = 0; k < K; k++) {
@@ -5967,18 +6154,18 @@ CX_NOINLINE void cx_kern_1x4(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)0 * ldc + 3 * CX_NR, &c0_3, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_1x8(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_1x8(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
-    const float *b2 = b + (size_t)2 * K * CX_NR;
-    const float *b3 = b + (size_t)3 * K * CX_NR;
-    const float *b4 = b + (size_t)4 * K * CX_NR;
-    const float *b5 = b + (size_t)5 * K * CX_NR;
-    const float *b6 = b + (size_t)6 * K * CX_NR;
-    const float *b7 = b + (size_t)7 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
+    const float *b2 = b + (size_t)2 * ks * CX_NR;
+    const float *b3 = b + (size_t)3 * ks * CX_NR;
+    const float *b4 = b + (size_t)4 * ks * CX_NR;
+    const float *b5 = b + (size_t)5 * ks * CX_NR;
+    const float *b6 = b + (size_t)6 * ks * CX_NR;
+    const float *b7 = b + (size_t)7 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0}, c0_4 = {0}, c0_5 = {0}, c0_6 = {0}, c0_7 = {0};
 
     for (int k = 0; k < K; k++) {
@@ -6015,12 +6202,12 @@ CX_NOINLINE void cx_kern_1x8(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)0 * ldc + 7 * CX_NR, &c0_7, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_2x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_2x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
 
@@ -6042,13 +6229,13 @@ CX_NOINLINE void cx_kern_2x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)1 * ldc + 0 * CX_NR, &c1_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_2x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_2x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
 
@@ -6074,15 +6261,15 @@ CX_NOINLINE void cx_kern_2x2(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)1 * ldc + 1 * CX_NR, &c1_1, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_2x4(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_2x4(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
-    const float *b2 = b + (size_t)2 * K * CX_NR;
-    const float *b3 = b + (size_t)3 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
+    const float *b2 = b + (size_t)2 * ks * CX_NR;
+    const float *b3 = b + (size_t)3 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0}, c0_2 = {0}, c0_3 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0}, c1_2 = {0}, c1_3 = {0};
 
@@ -6116,13 +6303,13 @@ CX_NOINLINE void cx_kern_2x4(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)1 * ldc + 3 * CX_NR, &c1_3, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_3x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_3x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
     const float *a2 = a[2];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
     cx_vf c2_0 = {0};
@@ -6150,14 +6337,14 @@ CX_NOINLINE void cx_kern_3x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)2 * ldc + 0 * CX_NR, &c2_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_3x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_3x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
     const float *a2 = a[2];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0};
@@ -6190,14 +6377,14 @@ CX_NOINLINE void cx_kern_3x2(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)2 * ldc + 1 * CX_NR, &c2_1, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_4x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_4x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
     const float *a2 = a[2];
     const float *a3 = a[3];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
     cx_vf c2_0 = {0};
@@ -6231,15 +6418,15 @@ CX_NOINLINE void cx_kern_4x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)3 * ldc + 0 * CX_NR, &c3_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_4x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_4x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
     const float *a1 = a[1];
     const float *a2 = a[2];
     const float *a3 = a[3];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0};
@@ -6279,7 +6466,7 @@ CX_NOINLINE void cx_kern_4x2(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)3 * ldc + 1 * CX_NR, &c3_1, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_5x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_5x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -6287,7 +6474,7 @@ CX_NOINLINE void cx_kern_5x1(const float *const *a, int K, const float *b, int n
     const float *a2 = a[2];
     const float *a3 = a[3];
     const float *a4 = a[4];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
     cx_vf c2_0 = {0};
@@ -6327,7 +6514,7 @@ CX_NOINLINE void cx_kern_5x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)4 * ldc + 0 * CX_NR, &c4_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_5x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_5x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -6335,8 +6522,8 @@ CX_NOINLINE void cx_kern_5x2(const float *const *a, int K, const float *b, int n
     const float *a2 = a[2];
     const float *a3 = a[3];
     const float *a4 = a[4];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0};
@@ -6383,7 +6570,7 @@ CX_NOINLINE void cx_kern_5x2(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)4 * ldc + 1 * CX_NR, &c4_1, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_6x1(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_6x1(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -6392,7 +6579,7 @@ CX_NOINLINE void cx_kern_6x1(const float *const *a, int K, const float *b, int n
     const float *a3 = a[3];
     const float *a4 = a[4];
     const float *a5 = a[5];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
     cx_vf c0_0 = {0};
     cx_vf c1_0 = {0};
     cx_vf c2_0 = {0};
@@ -6438,7 +6625,7 @@ CX_NOINLINE void cx_kern_6x1(const float *const *a, int K, const float *b, int n
     cx_vstore(c + (size_t)5 * ldc + 0 * CX_NR, &c5_0, ncols_last, acc);
 }
 
-CX_NOINLINE void cx_kern_6x2(const float *const *a, int K, const float *b, int ncols_last,
+CX_NOINLINE void cx_kern_6x2(const float *const *a, int K, const float *b, int ks, int ncols_last,
         float *c, int ldc, int acc)
 {
     const float *a0 = a[0];
@@ -6447,8 +6634,8 @@ CX_NOINLINE void cx_kern_6x2(const float *const *a, int K, const float *b, int n
     const float *a3 = a[3];
     const float *a4 = a[4];
     const float *a5 = a[5];
-    const float *b0 = b + (size_t)0 * K * CX_NR;
-    const float *b1 = b + (size_t)1 * K * CX_NR;
+    const float *b0 = b + (size_t)0 * ks * CX_NR;
+    const float *b1 = b + (size_t)1 * ks * CX_NR;
     cx_vf c0_0 = {0}, c0_1 = {0};
     cx_vf c1_0 = {0}, c1_1 = {0};
     cx_vf c2_0 = {0}, c2_1 = {0};
@@ -6519,32 +6706,34 @@ static int cx_tile_panels(int m)
 
 /* Tile dispatch: m rows (1..MR), np panels (a width cx_kern_<m>x<np> exists for: a power of two up to
    cx_tile_panels(m)). */
-static void cx_kern(int m, int np, const float *const *a, int K, const float *b, int ncols_last,
+static void cx_kern(int m, int np, const float *const *a, int K, const float *b, int ks, int ncols_last,
                     float *c, int ldc, int acc)
 {
     switch (m * 64 + np) {
-    case 65: cx_kern_1x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 66: cx_kern_1x2(a, K, b, ncols_last, c, ldc, acc); break;
-    case 68: cx_kern_1x4(a, K, b, ncols_last, c, ldc, acc); break;
-    case 72: cx_kern_1x8(a, K, b, ncols_last, c, ldc, acc); break;
-    case 129: cx_kern_2x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 130: cx_kern_2x2(a, K, b, ncols_last, c, ldc, acc); break;
-    case 132: cx_kern_2x4(a, K, b, ncols_last, c, ldc, acc); break;
-    case 193: cx_kern_3x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 194: cx_kern_3x2(a, K, b, ncols_last, c, ldc, acc); break;
-    case 257: cx_kern_4x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 258: cx_kern_4x2(a, K, b, ncols_last, c, ldc, acc); break;
-    case 321: cx_kern_5x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 322: cx_kern_5x2(a, K, b, ncols_last, c, ldc, acc); break;
-    case 385: cx_kern_6x1(a, K, b, ncols_last, c, ldc, acc); break;
-    case 386: cx_kern_6x2(a, K, b, ncols_last, c, ldc, acc); break;
+    case 65: cx_kern_1x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 66: cx_kern_1x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 68: cx_kern_1x4(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 72: cx_kern_1x8(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 129: cx_kern_2x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 130: cx_kern_2x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 132: cx_kern_2x4(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 193: cx_kern_3x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 194: cx_kern_3x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 257: cx_kern_4x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 258: cx_kern_4x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 321: cx_kern_5x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 322: cx_kern_5x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 385: cx_kern_6x1(a, K, b, ks, ncols_last, c, ldc, acc); break;
+    case 386: cx_kern_6x2(a, K, b, ks, ncols_last, c, ldc, acc); break;
     default:
         break;
     }
 }
 
-CX_API void cx_gemm_rows(int rows, const float *const *a_rows, int K, const float *packed, int M,
-                         int p0, int p1, float *c, int ldc, int accumulate)
+/* cx_gemm_rows into a c whose first column is column c0 of the product (c0 a whole panel's), over the K k
+   from `packed` (a pointer into a packed matrix of ks k: k range [k0, k0 + K) at packed + k0 * CX_NR). */
+static void cx_gemm_rows_from(int rows, const float *const *a_rows, int K, int ks, const float *packed, int M,
+                              int p0, int p1, float *c, int ldc, int c0, int accumulate)
 {
     int panels = (M + CX_NR - 1) / CX_NR;
     if (p0 < 0) p0 = 0;
@@ -6567,11 +6756,70 @@ CX_API void cx_gemm_rows(int rows, const float *const *a_rows, int K, const floa
                 while (np > pend - p) np >>= 1;
                 int last_col = (p + np - 1) * CX_NR;
                 int ncols_last = M - last_col < CX_NR ? M - last_col : CX_NR;
-                cx_kern(m, np, a_rows + i, K, packed + (size_t)p * K * CX_NR, ncols_last,
-                        c + (size_t)i * ldc + (size_t)p * CX_NR, ldc, accumulate);
+                cx_kern(m, np, a_rows + i, K, packed + (size_t)p * ks * CX_NR, ks, ncols_last,
+                        c + (size_t)i * ldc + ((size_t)p * CX_NR - (size_t)c0), ldc, accumulate);
                 p += np;
             }
         }
+    }
+}
+
+CX_API void cx_gemm_rows(int rows, const float *const *a_rows, int K, const float *packed, int M,
+                         int p0, int p1, float *c, int ldc, int accumulate)
+{
+    cx_gemm_rows_from(rows, a_rows, K, K, packed, M, p0, p1, c, ldc, 0, accumulate);
+}
+
+/* The products of a family of matrices where each row needs one matrix's: of the columns
+   [lo + g * width, lo + (g + 1) * width) (g < ngroups), row i gets those of g = group[i] only (others of c
+   are left as they were). The rows of a group are gathered in order (`sorted`, `order`: rows entries each)
+   and multiplied by the panels that cover the group's columns, into `tmp` (rows * (width + 2 * CX_NR)
+   floats), then copied to their rows. Each element is the same sum over k as cx_gemm_rows's. A group
+   outside [0, ngroups) computes nothing (the runtime has refused such an index before). */
+CX_API void cx_gemm_grouped(int rows, const float *const *a_rows, const int *group, int ngroups, int K,
+                            const float *packed, int M, int lo, int width, float *c, int ldc,
+                            const float **sorted, int *order, float *tmp)
+{
+    for (int g = 0; g < ngroups; g++) {
+        int n = 0;
+        for (int i = 0; i < rows; i++)
+            if (group[i] == g) {
+                sorted[n] = a_rows[i];
+                order[n++] = i;
+            }
+        if (n == 0)
+            continue;
+        const int col = lo + g * width, p0 = col / CX_NR, p1 = (col + width + CX_NR - 1) / CX_NR;
+        const int ldt = (p1 - p0) * CX_NR, skip = col - p0 * CX_NR;
+        cx_gemm_rows_from(n, sorted, K, K, packed, M, p0, p1, tmp, ldt, p0 * CX_NR, 0);
+        for (int r = 0; r < n; r++)
+            memcpy(c + (size_t)order[r] * ldc + col, tmp + (size_t)r * ldt + skip, sizeof(float) * (size_t)width);
+    }
+}
+
+/* The gradient side of cx_gemm_grouped: y = W @ a where a row's k are zero but those of its group, the k
+   [g * width, (g + 1) * width), g = group[i] (the row of a chosen product's gradient put back in place:
+   `unselect`): each group's rows are gathered, from their group's first k, and multiplied over that range
+   of k alone, into `tmp` (rows * M floats), then copied to their rows. Every element is the whole GEMM's
+   sum with the zero terms left out (the same value, +0 for -0). A row of a group outside [0, ngroups)
+   is left as it was. */
+CX_API void cx_gemm_grouped_k(int rows, const float *const *a_rows, const int *group, int ngroups, int K, int width,
+                              const float *packed, int M, float *c, int ldc, const float **sorted, int *order,
+                              float *tmp)
+{
+    const int panels = (M + CX_NR - 1) / CX_NR;
+    for (int g = 0; g < ngroups; g++) {
+        int n = 0;
+        for (int i = 0; i < rows; i++)
+            if (group[i] == g) {
+                sorted[n] = a_rows[i] + (size_t)g * width;
+                order[n++] = i;
+            }
+        if (n == 0)
+            continue;
+        cx_gemm_rows_from(n, sorted, width, K, packed + (size_t)g * width * CX_NR, M, 0, panels, tmp, M, 0, 0);
+        for (int r = 0; r < n; r++)
+            memcpy(c + (size_t)order[r] * ldc, tmp + (size_t)r * M, sizeof(float) * (size_t)M);
     }
 }
 
@@ -7584,9 +7832,9 @@ static void cx_kernel_grad_node(const cx_call *call, const cx_grad *grad, int64_
     /* d W += sum over rows of outer(%9, %3) */
     for (int64_t i = 0; i < (n); ++i) { ap[i] = &b1[(i) * 64 + 0]; bp[i] = &b0[(i) * 128 + 0]; }
     
-    if (!stage->narrow)  /* narrow: a launch of many rows adds it per tile (the accumulator stays in cache) */
+    if (!stage->narrow) {  /* narrow: a launch of many rows adds it per tile (the accumulator stays in cache) */
         cx_gemm_tn_acc((int)(n), ap, 64, bp, 128, acc_W);
-    else
+    } else
     {
         /* deferred: the factors' rows kept, one row per row of the forest */
         float *factors = grad->deferred[0] + (pos0) * 192;
@@ -7649,9 +7897,9 @@ static void cx_kernel_grad_leaf(const cx_call *call, const cx_grad *grad, int64_
     /* d W_leaf += sum over rows of outer(%7, %1) */
     for (int64_t i = 0; i < (n); ++i) { ap[i] = &b0[(i) * 64 + 0]; bp[i] = &I_x[nd[i] * 64 + 0]; }
     
-    if (!stage->narrow)  /* narrow: a launch of many rows adds it per tile (the accumulator stays in cache) */
+    if (!stage->narrow) {  /* narrow: a launch of many rows adds it per tile (the accumulator stays in cache) */
         cx_gemm_tn_acc((int)(n), ap, 64, bp, 64, acc_W_leaf);
-    else
+    } else
     {
         /* deferred: the factors' rows kept, one row per row of the forest */
         float *factors = grad->deferred[1] + (pos0) * 128;
@@ -7679,21 +7927,35 @@ int64_t cx_packed_floats(int m, int k) { return (int64_t)cx_packed_size(m, k); }
 
 void cx_pack_weight(const float *w, int m, int k, float *packed) { cx_pack(w, m, k, k, packed); }
 
-/* Floats of tile scratch one thread needs for the largest kernel. */
-static int64_t cx_scratch_floats(int64_t maxc)
-{
-    int64_t most = 1;
-    if ((int64_t)CX_TILE * 64 + (int64_t)CX_TILE * maxc * 0 > most) most = (int64_t)CX_TILE * 64 + (int64_t)CX_TILE * maxc * 0;
-    if ((int64_t)CX_TILE * 64 + (int64_t)CX_TILE * maxc * 0 > most) most = (int64_t)CX_TILE * 64 + (int64_t)CX_TILE * maxc * 0;
-    if ((int64_t)CX_TILE * 192 + (int64_t)CX_TILE * maxc * 0 > most) most = (int64_t)CX_TILE * 192 + (int64_t)CX_TILE * maxc * 0;
-    if ((int64_t)CX_TILE * 192 + (int64_t)CX_TILE * maxc * 0 > most) most = (int64_t)CX_TILE * 192 + (int64_t)CX_TILE * maxc * 0;
-    if ((int64_t)CX_TILE * 320 + (int64_t)CX_TILE * maxc * 0 > most) most = (int64_t)CX_TILE * 320 + (int64_t)CX_TILE * maxc * 0;
-    if ((int64_t)CX_TILE * 128 + (int64_t)CX_TILE * maxc * 0 > most) most = (int64_t)CX_TILE * 128 + (int64_t)CX_TILE * maxc * 0;
-    return most;
-}
+/* This cell's weight-gradient regions per chunk (cx_accs; CX_TILE is the kernel file's), then the driver's
+   rules, the C of cx_driver.h pasted whole (a package's C stays one file, and its build key covers them). */
+#define CX_NUM_ACCS 3
+/* cx_driver.h: the rules of the C driver that no cell shapes: tiles, chunks, staged rows, level windows, who
+   shares a launch. Plain C (no template text): driver.j2 pastes it whole into every generated driver, so a
+   package's C is still one file and its build key covers it, and tests/targets/c/test_driver_header.py
+   compiles it alone and checks what these comments promise. What a cell decides comes in as macros set
+   before it (CX_TILE, CX_NUM_ACCS) or as arguments. */
+#ifndef CX_DRIVER_H
+#define CX_DRIVER_H
 
-typedef void (*cx_kernel)(const cx_call *, const cx_grad *, int64_t, int64_t, int64_t, float *, const float **,
-                          int64_t *, float *, cx_stage *, const cx_cols *);
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#ifndef CX_MAYBE_UNUSED
+#define CX_MAYBE_UNUSED __attribute__((unused)) /* a cell uses some of these */
+#endif
+
+#ifndef CX_TILE
+#define CX_TILE 32 /* the most rows of a tile (Target.tile_rows: the kernel file defines it first) */
+#endif
+
+#ifndef CX_NUM_ACCS
+#define CX_NUM_ACCS 1 /* weight-gradient regions of a chunk (the driver: one per accumulated param) */
+#endif
 
 /* Determinism: every sum has one order whatever the number of threads.
    - A launch of `count` rows is cut into tiles whose size depends on `count` only (about CX_PARTS of them,
@@ -7723,9 +7985,10 @@ typedef void (*cx_kernel)(const cx_call *, const cx_grad *, int64_t, int64_t, in
 /* count / CX_PARTS rows, CX_MIN_TILE..CX_TILE, and then the tiles that makes, if more than one, made an even
    number of (nearly) equal ones: 100 rows are 8 tiles of 12-13 (cx_tile_start), not 7 of 16 (the last 4), so
    two threads, or any even team, get equal shares and each takes the same rows of every level (schedule(static)
-   in cx_run_rows; measured, 2 cores (Sapphire Rapids), chain LSTM H=64, forward at B = 100: 1.15x, 200: 1.16x,
-   64 and 128: 1.07x). A count of more than ~1000 rows may still make an odd number: its tiles go dynamic. */
-static int64_t cx_tile_rows(int64_t count)
+   in cx_run_tiles; measured, 2 cores (Sapphire Rapids), chain LSTM H=64, forward at B = 100: 1.15x, 200: 1.16x,
+   64 and 128: 1.07x). A count of more than (CX_TILE - 2) * CX_TILE rows (960) may still make an odd number:
+   its tiles go dynamic. */
+static CX_MAYBE_UNUSED int64_t cx_tile_rows(int64_t count)
 {
     int64_t tile = (count + CX_PARTS - 1) / CX_PARTS;
     if (tile < CX_MIN_TILE) tile = CX_MIN_TILE;
@@ -7743,13 +8006,13 @@ static int64_t cx_tile_rows(int64_t count)
    forward's values do not depend on the tile a row is in, but the vectorised loops of a tile run some rows'
    elements in vector lanes and the rest as scalars (vector and scalar expf may differ in the last bit), and
    a backward's tiles are its chunks' order of summation. */
-static int64_t cx_team_tile_rows(int64_t count)
+static CX_MAYBE_UNUSED int64_t cx_team_tile_rows(int64_t count)
 {
     const int64_t tile = cx_tile_rows(count);
     return count <= 2 * tile ? (count + 1) / 2 : tile;
 }
 
-static int64_t cx_team_size(void)
+static CX_MAYBE_UNUSED int64_t cx_team_size(void)
 {
 #ifdef _OPENMP
     return omp_get_num_threads();
@@ -7758,7 +8021,7 @@ static int64_t cx_team_size(void)
 #endif
 }
 
-static int64_t cx_team_rank(void)
+static CX_MAYBE_UNUSED int64_t cx_team_rank(void)
 {
 #ifdef _OPENMP
     return omp_get_thread_num();
@@ -7768,36 +8031,54 @@ static int64_t cx_team_rank(void)
 }
 
 /* A launch that fits one tile runs on one thread: a run of such levels goes without any barrier. */
-static int cx_small(int64_t count) { return count <= cx_tile_rows(count); }
+static CX_MAYBE_UNUSED int cx_small(int64_t count) { return count <= cx_tile_rows(count); }
+
+/* Tile t of `ntiles` over `count` rows: rows [t * count / ntiles, (t + 1) * count / ntiles), so the tiles
+   differ by at most a row (100 rows in 8: 12, 13, 12, ...; two threads get 50 each, where tiles of 13 with a
+   last of 9 gave them 52 and 48) and none has more rows than the tile size they were counted from. */
+static CX_MAYBE_UNUSED int64_t cx_tile_start(int64_t count, int64_t ntiles, int64_t t) { return t * count / ntiles; }
 
 /* The weight-gradient accumulators of the chunks: a block per chunk, allocated on the chunk's first use, with
-   a region per param that tiles add to (cx_acc_offset). A region is zeroed when a launch of a kernel that adds
+   a region per param that tiles add to (offset, size). A region is zeroed when a launch of a kernel that adds
    to it first uses the chunk, and the sums at the end read only the zeroed regions: a chain's launch over all
    its nodes adds to the input weight's and the biases' regions of 16 chunks, never to the recurrent weight's
    (measured, chain LSTM 1000 x 1 H=64 backward: zeroing and summing every region of every chunk took ~15%). */
-#define CX_NUM_ACCS 3
-static const int64_t cx_acc_offset[CX_NUM_ACCS] = {0, 8192, 12288};
-static const int64_t cx_acc_size[CX_NUM_ACCS] = {8192, 4096, 64};
 typedef struct {
     float *chunk[CX_CHUNKS];
     unsigned char zeroed[CX_CHUNKS][CX_NUM_ACCS];
+    const int64_t *offset, *size; /* [CX_NUM_ACCS]: each region's first float in a chunk, and its floats */
+    int64_t floats;               /* a chunk's floats */
     int failed;
 } cx_accs;
 
-/* What one launch adds to: the chunks, and its kernel's regions (indices into cx_acc_offset, then -1). */
+/* What one launch adds to: the chunks, and its kernel's regions (indices into offset, then -1). */
 typedef struct {
     cx_accs *chunks;
     const int *regions;
 } cx_acc_use;
-static const int cx_regions_grad_node[] = {0, 2, -1};
-static const int cx_regions_grad_leaf[] = {1, 2, -1};
 
-static float *cx_chunk_acc(const cx_acc_use *use, int64_t c)
+/* No chunk yet; regions of `size[r]` floats at `offset[r]` (the arrays outlive the accumulators). */
+static CX_MAYBE_UNUSED void cx_accs_init(cx_accs *accs, const int64_t *offset, const int64_t *size, int64_t floats)
+{
+    memset(accs, 0, sizeof *accs);
+    accs->offset = offset;
+    accs->size = size;
+    accs->floats = floats;
+}
+
+static CX_MAYBE_UNUSED void cx_accs_free(cx_accs *accs)
+{
+    for (int c = 0; c < CX_CHUNKS; ++c) free(accs->chunk[c]);
+}
+
+/* Chunk c's accumulator, its launch's regions zeroed on first use (NULL: no accumulators, or out of memory,
+   which sets `failed`). */
+static CX_MAYBE_UNUSED float *cx_chunk_acc(const cx_acc_use *use, int64_t c)
 {
     if (!use) return NULL;
     cx_accs *accs = use->chunks;
     if (!accs->chunk[c]) {
-        accs->chunk[c] = (float *)malloc(sizeof(float) * ((size_t)12352 + 1));
+        accs->chunk[c] = (float *)malloc(sizeof(float) * ((size_t)accs->floats + 1));
         if (!accs->chunk[c]) {
 #pragma omp atomic write
             accs->failed = 1;
@@ -7806,20 +8087,35 @@ static float *cx_chunk_acc(const cx_acc_use *use, int64_t c)
     }
     for (const int *r = use->regions; *r >= 0; ++r)
         if (!accs->zeroed[c][*r]) {
-            memset(accs->chunk[c] + cx_acc_offset[*r], 0, sizeof(float) * (size_t)cx_acc_size[*r]);
+            memset(accs->chunk[c] + accs->offset[*r], 0, sizeof(float) * (size_t)accs->size[*r]);
             accs->zeroed[c][*r] = 1;
         }
     return accs->chunk[c];
 }
 
-/* Tile t of `ntiles` over `count` rows: rows [t * count / ntiles, (t + 1) * count / ntiles), so the tiles
-   differ by at most a row (100 rows in 8: 12, 13, 12, ...; two threads get 50 each, where tiles of 13 with a
-   last of 9 gave them 52 and 48) and none has more rows than the tile size they were counted from. */
-static int64_t cx_tile_start(int64_t count, int64_t ntiles, int64_t t) { return t * count / ntiles; }
+/* Region r of the chunks that a launch zeroed, summed in chunk order and added to out[0, size[r]); the team
+   shares the elements (an orphaned omp for). */
+static CX_MAYBE_UNUSED void cx_accs_sum(const cx_accs *accs, int r, float *out)
+{
+    const float *used[CX_CHUNKS];
+    int nused = 0;
+    for (int c = 0; c < CX_CHUNKS; ++c)
+        if (accs->zeroed[c][r]) used[nused++] = accs->chunk[c] + accs->offset[r];
+    const int64_t size = accs->size[r];
+#pragma omp for schedule(static)
+    for (int64_t j = 0; j < size; ++j) {
+        float total = 0.0f;
+        for (int c = 0; c < nused; ++c) total += used[c][j];
+        out[j] += total;
+    }
+}
 
-static void cx_tile(cx_kernel kernel, const cx_call *call, const cx_grad *grad, int64_t pos0, int64_t count,
-                    int64_t ntiles, int64_t t, int64_t maxc, float *scratch, const float **ap, int64_t *ix,
-                    const cx_acc_use *accs, cx_stage *stage)
+/* One tile of a launch: `rows` rows from position `first`, adding to `acc` (its chunk's accumulator; NULL in a
+   launch without). `launch`: what the launch's tiles share (the driver's: a kernel and its arguments). */
+typedef void (*cx_tile_fn)(const void *launch, int64_t first, int64_t rows, float *acc);
+
+static CX_MAYBE_UNUSED void cx_tile(cx_tile_fn run, const void *launch, int64_t pos0, int64_t count, int64_t ntiles,
+                                    int64_t t, const cx_acc_use *accs)
 {
     const int64_t start = cx_tile_start(count, ntiles, t);
     const int64_t rows = cx_tile_start(count, ntiles, t + 1) - start;
@@ -7829,68 +8125,48 @@ static void cx_tile(cx_kernel kernel, const cx_call *call, const cx_grad *grad, 
     float *acc = cx_chunk_acc(accs, cx_team_rank());
 #endif
     if (accs && !acc) return;
-    kernel(call, grad, pos0 + start, rows, maxc, scratch, ap, ix, acc, stage, NULL);
+    run(launch, pos0 + start, rows, acc);
 }
 
-/* Narrow weight gradients (small weights, DeferredOuter.narrow): a launch of fewer than CX_NARROW_ROWS rows
-   keeps their factors' rows for the deferred phase (a tile of few rows would load and store the whole
-   accumulator for a few rank-1 updates), a larger one adds them per tile into its chunk (the accumulator
-   stays in cache over the tile's rows). The count alone decides, never the team. `grad->narrow_rows` overrides
-   the bound (tests, A/Bs; 1: no launch keeps them). */
-#define CX_NARROW_ROWS 4
-static int cx_narrow_launch(const cx_grad *grad, int64_t count)
-{
-    return count < (grad->narrow_rows > 0 ? grad->narrow_rows : CX_NARROW_ROWS);
-}
-
-/* Rows [pos0, pos0 + count) of a kernel. `team`: the threads share the tiles (an orphaned omp for, whose
+/* Rows [pos0, pos0 + count) of a launch. `team`: the threads share the tiles (an orphaned omp for, whose
    barrier orders one launch after the next); else the calling thread runs them all, in order. With
    accumulators the work items are the chunks (each runs its tiles in order), else the tiles. `wait`: 0 lets
    a thread go on without the barrier where the tiles are dealt out statically (each thread the same rows
    of every launch of this count; see cx_aligned for when the next launch reads no other thread's rows);
    dynamically dealt tiles always end in the barrier. */
-static void cx_run_rows(cx_kernel kernel, const cx_call *call, const cx_grad *grad, int64_t pos0, int64_t count,
-                        int team, int wait, int64_t maxc, float *scratch, const float **ap, int64_t *ix,
-                        const cx_acc_use *accs, cx_stage *stage)
+static CX_MAYBE_UNUSED void cx_run_tiles(cx_tile_fn run, const void *launch, int64_t pos0, int64_t count, int team,
+                                         int wait, const cx_acc_use *accs)
 {
     /* whether a launch runs alone is the count's and the kernel's, so its tiles follow the row count only */
     const int64_t tile = team ? cx_team_tile_rows(count) : cx_tile_rows(count);
-    stage->first = pos0;  /* this thread's copy: the stage's rows count from the launch's first */
-    stage->edge0 = call->edge_ptr[pos0];
-    stage->narrow = grad && cx_narrow_launch(grad, count);
     const int64_t ntiles = count > 0 ? (count + tile - 1) / tile : 0;
     if (!team) {
-        for (int64_t t = 0; t < ntiles; ++t)
-            cx_tile(kernel, call, grad, pos0, count, ntiles, t, maxc, scratch, ap, ix, accs, stage);
+        for (int64_t t = 0; t < ntiles; ++t) cx_tile(run, launch, pos0, count, ntiles, t, accs);
     } else if (accs && CX_BY_CHUNKS) {
         const int64_t nchunks = ntiles < CX_CHUNKS ? ntiles : CX_CHUNKS;
         /* as below (a chunk is a tile here), but where some chunks have more tiles than others, dynamic */
         if (nchunks <= cx_team_size() || (ntiles == nchunks && nchunks % cx_team_size() == 0)) {
 #pragma omp for schedule(static) nowait
             for (int64_t c = 0; c < nchunks; ++c)
-                for (int64_t t = c; t < ntiles; t += CX_CHUNKS)
-                    cx_tile(kernel, call, grad, pos0, count, ntiles, t, maxc, scratch, ap, ix, accs, stage);
+                for (int64_t t = c; t < ntiles; t += CX_CHUNKS) cx_tile(run, launch, pos0, count, ntiles, t, accs);
             if (wait) {
 #pragma omp barrier
             }
         } else {
 #pragma omp for schedule(dynamic, 1)
             for (int64_t c = 0; c < nchunks; ++c)
-                for (int64_t t = c; t < ntiles; t += CX_CHUNKS)
-                    cx_tile(kernel, call, grad, pos0, count, ntiles, t, maxc, scratch, ap, ix, accs, stage);
+                for (int64_t t = c; t < ntiles; t += CX_CHUNKS) cx_tile(run, launch, pos0, count, ntiles, t, accs);
         }
     } else if (ntiles <= cx_team_size() || ntiles % cx_team_size() == 0) {
         /* a tile each, or equal shares of them, in order: each thread the same rows of every level */
 #pragma omp for schedule(static) nowait
-        for (int64_t t = 0; t < ntiles; ++t)
-            cx_tile(kernel, call, grad, pos0, count, ntiles, t, maxc, scratch, ap, ix, accs, stage);
+        for (int64_t t = 0; t < ntiles; ++t) cx_tile(run, launch, pos0, count, ntiles, t, accs);
         if (wait) {
 #pragma omp barrier
         }
     } else {
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < ntiles; ++t)
-            cx_tile(kernel, call, grad, pos0, count, ntiles, t, maxc, scratch, ap, ix, accs, stage);
+        for (int64_t t = 0; t < ntiles; ++t) cx_tile(run, launch, pos0, count, ntiles, t, accs);
     }
 }
 
@@ -7898,15 +8174,17 @@ static void cx_run_rows(cx_kernel kernel, const cx_call *call, const cx_grad *gr
    the two are shared by the team: as many rows as that level, each with one child, the row at its own
    index below (B chains of equal length: chain b is row b of every level). The tiles and chunks follow the
    row count only and are dealt out statically, so the threads can go from one such level to the next
-   without a barrier (measured, 2 cores, chain LSTM H=64: 1000 x 10 forward 1.08x, training 1.12x). */
-static int cx_aligned(const cx_call *call, int64_t level)
+   without a barrier (measured, 2 cores, chain LSTM H=64: 1000 x 10 forward 1.08x, training 1.12x). The
+   arrays are cx_call's of the same names. */
+static CX_MAYBE_UNUSED int cx_aligned(const int64_t *level_ptr, const int64_t *level_order, const int64_t *edge_ptr,
+                                      const int64_t *edge_child, int64_t level)
 {
-    const int64_t *lp = call->level_ptr;
+    const int64_t *lp = level_ptr;
     const int64_t first = lp[level], count = lp[level + 1] - first, below = lp[level - 1];
     if (lp[level] - below != count) return 0;
     for (int64_t i = 0; i < count; ++i) {
-        const int64_t e = call->edge_ptr[first + i];
-        if (call->edge_ptr[first + i + 1] - e != 1 || call->edge_child[e] != call->level_order[below + i]) return 0;
+        const int64_t e = edge_ptr[first + i];
+        if (edge_ptr[first + i + 1] - e != 1 || edge_child[e] != level_order[below + i]) return 0;
     }
     return 1;
 }
@@ -7921,21 +8199,15 @@ static int cx_aligned(const cx_call *call, int64_t level)
    gain). `row_macs` is the kernel's multiply-adds per row (0: never). */
 #define CX_ROWS_MIN 8
 #define CX_ROWS_MIN_MACS 131072
-#define CX_ROW_MACS_leaf 4096
-#define CX_ROW_MACS_leaf_saving 4096
-#define CX_ROW_MACS_node 8192
-#define CX_ROW_MACS_node_saving 8192
-#define CX_ROW_MACS_grad_node 8192
-#define CX_ROW_MACS_grad_leaf 4096
 
-static int cx_rows_shared(int64_t count, int64_t row_macs)
+static CX_MAYBE_UNUSED int cx_rows_shared(int64_t count, int64_t row_macs)
 {
     return row_macs > 0 && count >= CX_ROWS_MIN && count * row_macs >= CX_ROWS_MIN_MACS;
 }
 
 /* Column sharing (the CPU form of Cortex's model persistence): a small level, one tile of rows, is not run
    by one thread while the others wait, but by every thread of the team for the columns it owns (whole GEMM
-   panels of each period of CX_SPLIT_PERIOD columns; see passes/columns.py), so each core reads only its
+   panels of each period of the kernel's columns; see passes/columns.py), so each core reads only its
    slice of the weights, and the level ends in one barrier. A level whose split GEMMs multiply-add fewer than
    CX_SPLIT_MIN_MACS times still runs alone: its work would not pay for the barrier and for reading the other
    cores' columns of the states (measured, 2 cores: SST batch 10 at H=256, 655360 per row, 1.3x faster; a
@@ -7943,31 +8215,24 @@ static int cx_rows_shared(int64_t count, int64_t row_macs)
    columns, 2-4 tiles at H=64 were 1.2-1.4x slower, at H=256 no faster). A column is the same expression on
    the same vector lanes, and the same GEMM sum over k, whoever computes it (a kernel called without columns
    runs its whole-width loops), so results do not depend on it. */
-#define CX_SPLIT_PERIOD 64
-#define CX_SPLIT_GRANULE 16
 #define CX_SPLIT_MIN_MACS 1048576
 #define CX_SPLIT_MAX_TILES 1
-#define CX_MACS_leaf 4096  /* the split GEMMs' multiply-adds per row */
-#define CX_MACS_node 8192  /* the split GEMMs' multiply-adds per row */
 
-/* This thread's columns in its team; whether the team shares small levels by columns. */
-static int cx_own_columns(cx_cols *cols)
+/* This thread's columns in its team: residues [u0, u0 + nu) of the period, whole granules (GEMM panels), the
+   team's in rank order; whether the team shares small levels by columns. */
+static CX_MAYBE_UNUSED int cx_own_columns(int period, int granule, int *u0, int *nu)
 {
-    const int granules = CX_SPLIT_PERIOD / CX_SPLIT_GRANULE;
-#ifdef _OPENMP
-    const int team = omp_get_num_threads(), me = omp_get_thread_num();
-#else
-    const int team = 1, me = 0;
-#endif
+    const int granules = period / granule;
+    const int team = (int)cx_team_size(), me = (int)cx_team_rank();
     const int g0 = me * granules / team, g1 = (me + 1) * granules / team;
-    cols->u0 = g0 * CX_SPLIT_GRANULE;
-    cols->nu = (g1 - g0) * CX_SPLIT_GRANULE;
+    *u0 = g0 * granule;
+    *nu = (g1 - g0) * granule;
     return team > 1 && granules > 1;
 }
 
 /* Whether a launch goes by columns: `macs`, its kernel's multiply-adds per row where the team shares
    columns (0: it does not), at least CX_SPLIT_MIN_MACS in all, and at most CX_SPLIT_MAX_TILES tiles. */
-static int cx_columns(int64_t count, int64_t macs)
+static CX_MAYBE_UNUSED int cx_columns(int64_t count, int64_t macs)
 {
     const int64_t tile = cx_tile_rows(count);
     return macs > 0 && count * macs >= CX_SPLIT_MIN_MACS && (count + tile - 1) / tile <= CX_SPLIT_MAX_TILES;
@@ -7975,27 +8240,15 @@ static int cx_columns(int64_t count, int64_t macs)
 
 /* A launch that runs alone (one thread, no barrier): one tile of rows, unless the team shares it by columns
    or (a forward's) by rows. */
-static int cx_alone(int64_t count, int64_t macs, int64_t row_macs)
+static CX_MAYBE_UNUSED int cx_alone(int64_t count, int64_t macs, int64_t row_macs)
 {
     return cx_small(count) && !cx_columns(count, macs) && !cx_rows_shared(count, row_macs);
 }
 
-/* Every tile of a launch, in order, for this thread's columns (none: nothing to do but the barrier). */
-static void cx_run_cols(cx_kernel kernel, const cx_call *call, int64_t pos0, int64_t count, int64_t maxc,
-                        float *scratch, const float **ap, int64_t *ix, cx_stage *stage, const cx_cols *cols)
-{
-    if (cols->nu == 0) return;
-    const int64_t tile = cx_tile_rows(count), ntiles = (count + tile - 1) / tile;
-    for (int64_t t = 0; t < ntiles; ++t) {
-        const int64_t start = cx_tile_start(count, ntiles, t);
-        kernel(call, NULL, pos0 + start, cx_tile_start(count, ntiles, t + 1) - start, maxc, scratch, ap, ix, NULL,
-               stage, cols);
-    }
-}
-
-/* The `rows` staged rows of one launch (by row, or by edge for rows per child) added to their destinations
-   in row order; the team shares the columns. */
-static void cx_scatter(const cx_stage *stage, int slot, int64_t rows, int64_t width, int team)
+/* The `rows` staged rows of one launch (by row, or by edge for rows per child: values [rows][width], `dst`
+   the destination row of each) added to their destinations in row order; `team`: the team shares the
+   columns (an orphaned omp for). */
+static CX_MAYBE_UNUSED void cx_scatter(float *const *dst, const float *val, int64_t rows, int64_t width, int team)
 {
     /* a row's destination never overlaps the staged values, so each row's adds vectorise (restrict): every
        element still gets its rows' values in row order */
@@ -8005,20 +8258,153 @@ static void cx_scatter(const cx_stage *stage, int slot, int64_t rows, int64_t wi
         for (int64_t b = 0; b < blocks; ++b) {
             const int64_t lo = 16 * b, hi = width < lo + 16 ? width : lo + 16;
             for (int64_t r = 0; r < rows; ++r) {
-                float *restrict dst = stage->ptr[slot][r];
-                const float *restrict src = stage->val[slot] + r * width;
+                float *restrict out = dst[r];
+                const float *restrict src = val + r * width;
 #pragma omp simd
-                for (int64_t j = lo; j < hi; ++j) dst[j] += src[j];
+                for (int64_t j = lo; j < hi; ++j) out[j] += src[j];
             }
         }
     } else {
         for (int64_t r = 0; r < rows; ++r) {
-            float *restrict dst = stage->ptr[slot][r];
-            const float *restrict src = stage->val[slot] + r * width;
+            float *restrict out = dst[r];
+            const float *restrict src = val + r * width;
 #pragma omp simd
-            for (int64_t j = 0; j < width; ++j) dst[j] += src[j];
+            for (int64_t j = 0; j < width; ++j) out[j] += src[j];
         }
     }
+}
+
+/* Windowed hoisting (Target.hoist_window_bytes; the driver's cx_windowed says when): the level after the last
+   of the window that starts at `level`, as many levels as fit `rows` rows (at least one). */
+static CX_MAYBE_UNUSED int64_t cx_window_end(const int64_t *level_ptr, int64_t num_levels, int64_t rows, int64_t level)
+{
+    const int64_t *lp = level_ptr;
+    int64_t end = level + 1;
+    while (end < num_levels && lp[end + 1] - lp[level] <= rows) ++end;
+    return end;
+}
+
+/* Whether every level above the leaves fits a window of `rows` rows (else the call fails: the caller sized it
+   wrong). */
+static CX_MAYBE_UNUSED int cx_window_fits(const int64_t *level_ptr, int64_t num_levels, int64_t rows)
+{
+    for (int64_t level = 1; level < num_levels; ++level)
+        if (level_ptr[level + 1] - level_ptr[level] > rows) return 0;
+    return 1;
+}
+
+/* The threads of one call, chosen from the forest's shape: the rows its launches can share (levels of
+   more than one tile, the phases over all nodes) against the rows that run alone (levels of one tile, run
+   in `omp single` while the other threads wait). A call with little to share, or dominated by its run-alone
+   levels (a few long chains, one small tree), runs on one thread: a second one would only wait at barriers,
+   and on a machine where another process takes a core every barrier can cost a time slice. Results do not
+   depend on it (tiles and chunks follow the row counts only). */
+#define CX_SHARE_MIN_ROWS 256
+#define CX_SHARE_RATIO 2
+
+static CX_MAYBE_UNUSED void cx_count_rows(int64_t count, int64_t macs, int64_t row_macs, int64_t *shared,
+                                          int64_t *alone)
+{
+    if (cx_alone(count, macs, row_macs))
+        *alone += count;
+    else
+        *shared += count;
+}
+
+/* The team of a call of `shared` and `alone` rows (cx_count_rows), of at most `most` threads. */
+static CX_MAYBE_UNUSED int cx_call_team(int most, int64_t shared, int64_t alone)
+{
+    if (shared < CX_SHARE_MIN_ROWS || shared < CX_SHARE_RATIO * alone) return 1;
+    return CX_BY_CHUNKS || most <= CX_CHUNKS ? most : CX_CHUNKS; /* -DCX_ANY_ORDER: a chunk per thread */
+}
+
+#endif /* CX_DRIVER_H */
+
+static const int64_t cx_acc_offset[CX_NUM_ACCS] = {0, 8192, 12288};
+static const int64_t cx_acc_size[CX_NUM_ACCS] = {8192, 4096, 64};
+static const int cx_regions_grad_node[] = {0, 2, -1};
+static const int cx_regions_grad_leaf[] = {1, 2, -1};
+
+/* Floats of tile scratch one thread needs for the largest kernel. */
+static int64_t cx_scratch_floats(int64_t maxc)
+{
+    int64_t most = 1;
+    if ((int64_t)CX_TILE * 64 + (int64_t)CX_TILE * maxc * 0 > most) most = (int64_t)CX_TILE * 64 + (int64_t)CX_TILE * maxc * 0;
+    if ((int64_t)CX_TILE * 64 + (int64_t)CX_TILE * maxc * 0 > most) most = (int64_t)CX_TILE * 64 + (int64_t)CX_TILE * maxc * 0;
+    if ((int64_t)CX_TILE * 192 + (int64_t)CX_TILE * maxc * 0 > most) most = (int64_t)CX_TILE * 192 + (int64_t)CX_TILE * maxc * 0;
+    if ((int64_t)CX_TILE * 192 + (int64_t)CX_TILE * maxc * 0 > most) most = (int64_t)CX_TILE * 192 + (int64_t)CX_TILE * maxc * 0;
+    if ((int64_t)CX_TILE * 320 + (int64_t)CX_TILE * maxc * 0 > most) most = (int64_t)CX_TILE * 320 + (int64_t)CX_TILE * maxc * 0;
+    if ((int64_t)CX_TILE * 128 + (int64_t)CX_TILE * maxc * 0 > most) most = (int64_t)CX_TILE * 128 + (int64_t)CX_TILE * maxc * 0;
+    return most;
+}
+
+typedef void (*cx_kernel)(const cx_call *, const cx_grad *, int64_t, int64_t, int64_t, float *, const float **,
+                          int64_t *, float *, cx_stage *, const cx_cols *);
+
+/* What the tiles of one launch share (cx_run_tiles): the kernel and its arguments but the rows and `acc`. */
+typedef struct {
+    cx_kernel kernel;
+    const cx_call *call;
+    const cx_grad *grad;
+    int64_t maxc;
+    float *scratch;
+    const float **ap;
+    int64_t *ix;
+    cx_stage *stage;
+    const cx_cols *cols;
+} cx_kernel_launch;
+
+static void cx_kernel_tile(const void *launch, int64_t first, int64_t rows, float *acc)
+{
+    const cx_kernel_launch *l = (const cx_kernel_launch *)launch;
+    l->kernel(l->call, l->grad, first, rows, l->maxc, l->scratch, l->ap, l->ix, acc, l->stage, l->cols);
+}
+
+/* Narrow weight gradients (small weights, DeferredOuter.narrow): a launch of fewer than CX_NARROW_ROWS rows
+   keeps their factors' rows for the deferred phase (a tile of few rows would load and store the whole
+   accumulator for a few rank-1 updates), a larger one adds them per tile into its chunk (the accumulator
+   stays in cache over the tile's rows). The count alone decides, never the team. `grad->narrow_rows` overrides
+   the bound (tests, A/Bs; 1: no launch keeps them). */
+#define CX_NARROW_ROWS 4
+static int cx_narrow_launch(const cx_grad *grad, int64_t count)
+{
+    return count < (grad->narrow_rows > 0 ? grad->narrow_rows : CX_NARROW_ROWS);
+}
+
+/* Rows [pos0, pos0 + count) of a kernel (cx_run_tiles: `team`, `wait`), its staged rows counted from the
+   launch's first. */
+static void cx_run_rows(cx_kernel kernel, const cx_call *call, const cx_grad *grad, int64_t pos0, int64_t count,
+                        int team, int wait, int64_t maxc, float *scratch, const float **ap, int64_t *ix,
+                        const cx_acc_use *accs, cx_stage *stage)
+{
+    stage->first = pos0;  /* this thread's copy: the stage's rows count from the launch's first */
+    stage->edge0 = call->edge_ptr[pos0];
+    stage->narrow = grad && cx_narrow_launch(grad, count);
+    const cx_kernel_launch launch = {kernel, call, grad, maxc, scratch, ap, ix, stage, NULL};
+    cx_run_tiles(cx_kernel_tile, &launch, pos0, count, team, wait, accs);
+}
+
+/* The multiply-adds per row of each kernel's GEMMs, by which a launch may be shared by rows (cx_rows_shared). */
+#define CX_ROW_MACS_leaf 4096
+#define CX_ROW_MACS_leaf_saving 4096
+#define CX_ROW_MACS_node 8192
+#define CX_ROW_MACS_node_saving 8192
+#define CX_ROW_MACS_grad_node 8192
+#define CX_ROW_MACS_grad_leaf 4096
+
+/* Column sharing (cx_columns): each thread's columns are whole panels of a period of CX_SPLIT_PERIOD. */
+#define CX_SPLIT_PERIOD 64
+#define CX_SPLIT_GRANULE 16
+#define CX_MACS_leaf 4096  /* the split GEMMs' multiply-adds per row */
+#define CX_MACS_node 8192  /* the split GEMMs' multiply-adds per row */
+
+/* Every tile of a launch, in order, for this thread's columns (none: nothing to do but the barrier). */
+static void cx_run_cols(cx_kernel kernel, const cx_call *call, int64_t pos0, int64_t count, int64_t maxc,
+                        float *scratch, const float **ap, int64_t *ix, cx_stage *stage, const cx_cols *cols)
+{
+    if (cols->nu == 0) return;
+    const cx_kernel_launch launch = {kernel, call, NULL, maxc, scratch, ap, ix, stage, cols};
+    cx_run_tiles(cx_kernel_tile, &launch, pos0, count, 0, 1, NULL);
 }
 
 
@@ -8037,23 +8423,8 @@ int cx_num_threads(void)
 #endif
 }
 
-/* The threads of one call, chosen from the forest's shape: the rows its launches can share (levels of
-   more than one tile, the phases over all nodes) against the rows that run alone (levels of one tile, run
-   in `omp single` while the other threads wait). A call with little to share, or dominated by its run-alone
-   levels (a few long chains, one small tree), runs on one thread: a second one would only wait at barriers,
-   and on a machine where another process takes a core every barrier can cost a time slice. Results do not
-   depend on it (tiles and chunks follow the row counts only). */
-#define CX_SHARE_MIN_ROWS 256
-#define CX_SHARE_RATIO 2
-
-static void cx_count_rows(int64_t count, int64_t macs, int64_t row_macs, int64_t *shared, int64_t *alone)
-{
-    if (cx_alone(count, macs, row_macs))
-        *alone += count;
-    else
-        *shared += count;
-}
-
+/* The threads of one call (cx_call_team): the rows of its launches the team can share against those that run
+   alone. */
 int cx_call_threads(const cx_call *call, int backward)
 {
     const int most = cx_num_threads();
@@ -8071,8 +8442,7 @@ int cx_call_threads(const cx_call *call, int backward)
             cx_count_rows(lp[level + 1] - lp[level], 0, CX_ROW_MACS_grad_node, &shared, &alone);
         cx_count_rows(lp[1], 0, 0, &shared, &alone);
     }
-    if (shared < CX_SHARE_MIN_ROWS || shared < CX_SHARE_RATIO * alone) return 1;
-    return CX_BY_CHUNKS || most <= CX_CHUNKS ? most : CX_CHUNKS;  /* -DCX_ANY_ORDER: a chunk per thread */
+    return cx_call_team(most, shared, alone);
 }/* ---- deferred weight gradients ----
  * During the backward recursion each AccumOuter term only keeps its factors' rows (grad->deferred[d]: one
  * row of m + k floats per node position, or per child edge, of the forest), so no tile streams an m x k
@@ -8088,9 +8458,12 @@ int cx_call_threads(const cx_call *call, int backward)
 #define CX_DEFER_TK 64
 
 /* d W[m0..m0+TM)[k0..k0+TK) += the term's rows [first, last) (factors: [rows][M + K], a then b);
-   ap: 2 * CX_DEFER_ROWS pointers of this thread's. */
+   ap: 2 * CX_DEFER_ROWS pointers of this thread's. `group` (or NULL): row r's a is zero but in the columns
+   [group[r] * gw, (group[r] + 1) * gw) (a chosen product's gradient, passes/grouping.py), so a row whose
+   group misses the block adds only zeros to it and is left out: every element is the same sum of the same
+   nonzero terms in the same order (each pass is the same CX_DEFER_ROWS rows, less those). */
 static void cx_deferred_block(const float *factors, int64_t first, int64_t last, int M, int K, int m0, int k0,
-                              float *dw, const float **ap)
+                              float *dw, const float **ap, const int32_t *group, int gw)
 {
     const float **bp = ap + CX_DEFER_ROWS;
     float padded[CX_DEFER_ROWS * CX_TN_PANELS * CX_NR]; /* a pass's b rows of a tail block, whole panels */
@@ -8099,11 +8472,17 @@ static void cx_deferred_block(const float *factors, int64_t first, int64_t last,
     const int m_end = m0 + CX_DEFER_TM < M ? m0 + CX_DEFER_TM : M;
     const int k_end = k0 + CX_DEFER_TK < K ? k0 + CX_DEFER_TK : K;
     for (int64_t r0 = first; r0 < last; r0 += CX_DEFER_ROWS) {
-        const int rows = (int)(last - r0 < CX_DEFER_ROWS ? last - r0 : CX_DEFER_ROWS);
-        for (int r = 0; r < rows; ++r) {
-            ap[r] = factors + (r0 + r) * width;
-            bp[r] = ap[r] + M;
+        const int span = (int)(last - r0 < CX_DEFER_ROWS ? last - r0 : CX_DEFER_ROWS);
+        int rows = 0;
+        for (int r = 0; r < span; ++r) {
+            if (group && ((int64_t)group[r0 + r] * gw >= m_end || ((int64_t)group[r0 + r] + 1) * gw <= m0))
+                continue;
+            ap[rows] = factors + (r0 + r) * width;
+            bp[rows] = ap[rows] + M;
+            ++rows;
         }
+        if (rows == 0)
+            continue;
         /* the item's columns in blocks of at most CX_TN_PANELS panels (CX_DEFER_TK is more with narrow panels) */
         for (int kb = k0; kb < k_end; kb += CX_TN_PANELS * CX_NR) {
             const int panels = (k_end - kb + CX_NR - 1) / CX_NR, kp = panels < CX_TN_PANELS ? panels : CX_TN_PANELS;
@@ -8132,7 +8511,7 @@ static void cx_deferred_block(const float *factors, int64_t first, int64_t last,
    levels [level0, level1) as one block of rows (`child`: rows per child edge), in level order. */
 static void cx_deferred_levels(const cx_call *call, const cx_grad *grad, const float *factors, int child,
                                int64_t level0, int64_t level1, int M, int K, int m0, int k0, float *dw,
-                               const float **ap)
+                               const float **ap, const int32_t *group, int gw)
 {
     const int64_t *lp = call->level_ptr;
     for (int64_t level = level0; level < level1;) {
@@ -8144,7 +8523,7 @@ static void cx_deferred_levels(const cx_call *call, const cx_grad *grad, const f
         }
         const int64_t first = child ? call->edge_ptr[lp[level]] : lp[level];
         const int64_t last = child ? call->edge_ptr[lp[end]] : lp[end];
-        cx_deferred_block(factors, first, last, M, K, m0, k0, dw, ap);
+        cx_deferred_block(factors, first, last, M, K, m0, k0, dw, ap, group, gw);
         level = end;
     }
 }
@@ -8160,14 +8539,14 @@ static void cx_deferred_phase(CX_MAYBE_UNUSED const cx_call *call, const cx_grad
             /* term 1: from kernel grad_leaf, over its node rows */
             /* narrow: the rows of the levels whose launches kept them */
             cx_deferred_levels(call, grad, grad->deferred[1], 0, 0, 1,
-                               64, 64, m0, k0, grad->d_params[0], ap);
+                               64, 64, m0, k0, grad->d_params[0], ap, NULL, 0);
         } else if (item < 3) {  /* d W (64 x 128) */
             const int64_t t = item - 1;
             const int m0 = (int)(t / 2) * CX_DEFER_TM, k0 = (int)(t % 2) * CX_DEFER_TK;
             /* term 0: from kernel grad_node, over its node rows */
             /* narrow: the rows of the levels whose launches kept them */
             cx_deferred_levels(call, grad, grad->deferred[0], 0, 1, call->num_levels,
-                               64, 128, m0, k0, grad->d_params[1], ap);
+                               64, 128, m0, k0, grad->d_params[1], ap, NULL, 0);
         }
     }
 }
@@ -8180,7 +8559,7 @@ static int cx_run(const cx_call *call, const cx_grad *grad)
     int failed = 0;
     const int64_t maxc = call->max_children > 0 ? call->max_children : 1;
     cx_accs chunks;
-    memset(&chunks, 0, sizeof chunks);
+    cx_accs_init(&chunks, cx_acc_offset, cx_acc_size, 12352);
     cx_accs *accs = grad ? &chunks : NULL;
     cx_stage staging;
     memset(&staging, 0, sizeof staging);
@@ -8202,8 +8581,9 @@ static int cx_run(const cx_call *call, const cx_grad *grad)
         stop = failed;
         if (!stop) {
             const int64_t *lp = call->level_ptr;
-            cx_cols cols;
-            const int by_columns = cx_own_columns(&cols) && !grad;  /* gradient kernels run by rows */
+            cx_cols cols;  /* this thread's */
+            const int by_columns = cx_own_columns(CX_SPLIT_PERIOD, CX_SPLIT_GRANULE, &cols.u0, &cols.nu)
+                                   && !grad;  /* gradient kernels run by rows */
             (void)by_columns;
             if (!grad) {
                 if (call->saved) {  /* a training forward: the saving kernels also keep what the backward reads */
@@ -8238,7 +8618,7 @@ static int cx_run(const cx_call *call, const cx_grad *grad)
                         level = end;
                     } else {
                         const int64_t first = lp[level], count = lp[level + 1] - lp[level];
-                        const int wait = !(level + 1 < call->num_levels && cx_aligned(call, level + 1));
+                        const int wait = !(level + 1 < call->num_levels && cx_aligned(lp, call->level_order, call->edge_ptr, call->edge_child, level + 1));
                         cx_run_rows(cx_kernel_node_saving, call, NULL, first, count, 1, wait, maxc, scratch,
                                     ap, ix, NULL, stage);
 
@@ -8282,7 +8662,7 @@ static int cx_run(const cx_call *call, const cx_grad *grad)
                         level = end;
                     } else {
                         const int64_t first = lp[level], count = lp[level + 1] - lp[level];
-                        const int wait = !(level + 1 < call->num_levels && cx_aligned(call, level + 1));
+                        const int wait = !(level + 1 < call->num_levels && cx_aligned(lp, call->level_order, call->edge_ptr, call->edge_child, level + 1));
                         if (cx_columns(count, by_columns * CX_MACS_node)) {
                             cx_run_cols(cx_kernel_node, call, first, count, maxc, scratch, ap, ix, stage, &cols);
 #pragma omp barrier
@@ -8313,7 +8693,7 @@ static int cx_run(const cx_call *call, const cx_grad *grad)
                         level = end;
                     } else {
                         const int64_t first = lp[level], count = lp[level + 1] - lp[level];
-                        const int wait = !(level > 1 && cx_aligned(call, level));
+                        const int wait = !(level > 1 && cx_aligned(lp, call->level_order, call->edge_ptr, call->edge_child, level));
                         cx_run_rows(cx_kernel_grad_node, call, grad, first, count, 1, wait, maxc, scratch,
                                     ap, ix, &(cx_acc_use){accs, cx_regions_grad_node}, stage);
 
@@ -8340,40 +8720,9 @@ static int cx_run(const cx_call *call, const cx_grad *grad)
 
                 /* the chunks' weight gradients, summed in chunk order (the threads share the elements) */
                 if (!chunks.failed) {
-                    const float *used[CX_CHUNKS];
-                    {
-                        int nused = 0;  /* the chunks whose region of W a launch zeroed, in order */
-                        for (int c = 0; c < CX_CHUNKS; ++c)
-                            if (chunks.zeroed[c][0]) used[nused++] = chunks.chunk[c] + 0;
-#pragma omp for schedule(static)
-                        for (int64_t j = 0; j < 8192; ++j) {
-                            float total = 0.0f;
-                            for (int c = 0; c < nused; ++c) total += used[c][j];
-                            grad->d_params[1][j] += total;
-                        }
-                    }
-                    {
-                        int nused = 0;  /* the chunks whose region of W_leaf a launch zeroed, in order */
-                        for (int c = 0; c < CX_CHUNKS; ++c)
-                            if (chunks.zeroed[c][1]) used[nused++] = chunks.chunk[c] + 8192;
-#pragma omp for schedule(static)
-                        for (int64_t j = 0; j < 4096; ++j) {
-                            float total = 0.0f;
-                            for (int c = 0; c < nused; ++c) total += used[c][j];
-                            grad->d_params[0][j] += total;
-                        }
-                    }
-                    {
-                        int nused = 0;  /* the chunks whose region of b a launch zeroed, in order */
-                        for (int c = 0; c < CX_CHUNKS; ++c)
-                            if (chunks.zeroed[c][2]) used[nused++] = chunks.chunk[c] + 12288;
-#pragma omp for schedule(static)
-                        for (int64_t j = 0; j < 64; ++j) {
-                            float total = 0.0f;
-                            for (int c = 0; c < nused; ++c) total += used[c][j];
-                            grad->d_params[2][j] += total;
-                        }
-                    }
+                    cx_accs_sum(&chunks, 0, grad->d_params[1]);  /* W */
+                    cx_accs_sum(&chunks, 1, grad->d_params[0]);  /* W_leaf */
+                    cx_accs_sum(&chunks, 2, grad->d_params[2]);  /* b */
                 }
 
                 /* the deferred weight gradients, after the chunks' sums (a param may have both) */
@@ -8384,7 +8733,7 @@ static int cx_run(const cx_call *call, const cx_grad *grad)
         free((void *)ap);
         free(ix);
     }
-    for (int c = 0; c < CX_CHUNKS; ++c) free(chunks.chunk[c]);
+    cx_accs_free(&chunks);
     for (int s = 0; s < CX_STAGE_SLOTS; ++s) {
         free(staging.val[s]);
         free((void *)staging.ptr[s]);

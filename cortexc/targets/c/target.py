@@ -1,6 +1,6 @@
 """The C target's compile side: gcc with OpenMP, a tile of a level per thread's chunk. Its program passes, in
 order: saved activations, the direct node kernel, the column split, deferred weight gradients, folded
-look-ups (Triton's `add_stages`: the target lists what runs, `pipeline.target_stage` runs it)."""
+look-ups, grouped products (Triton's `add_stages`: the target lists what runs, `pipeline.target_stage` runs it)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from cortexc.passes.columns import split_columns
 from cortexc.passes.deferred import defer_outer_products
 from cortexc.passes.direct import direct_node
 from cortexc.passes.fold import fold_lookups
+from cortexc.passes.grouping import group_products
 from cortexc.passes.saving import save_activations
 
 #: C's GEMM per vector ISA. Results do not depend on which one runs: every element is one sum over k in
@@ -61,5 +62,6 @@ TARGET = Target(
         partial(split_columns, granule=COLUMN_GRANULE),
         partial(defer_outer_products, min_width=DEFER_MIN_WIDTH_C, narrow=True),
         fold_lookups,
+        group_products,
     ),
 )

@@ -91,7 +91,7 @@ def test_the_cpu_backward_keeps_factor_rows_instead_of_accumulating(path, cell, 
         per_tile |= by_kernel[kernel.name]
     assert any(not t.narrow for t in terms) or not large
     floats = sum(int(np.prod(program.cell.param(name).shape)) for name in per_tile)
-    assert f"malloc(sizeof(float) * ((size_t){floats} + 1))" in text
+    assert f"cx_accs_init(&chunks, cx_acc_offset, cx_acc_size, {floats});" in text  # a chunk's floats
     # each kernel's launches zero (and the sums read) the regions of the params its tiles add to, no others
     regions = [name for name, _, _ in program.accumulators if name in per_tile]
     for kernel, params in by_kernel.items():

@@ -44,6 +44,38 @@ void t_gemm_tn(int rows, const float *A, int lda, const int *ia, const float *B,
     free(b);
 }
 
+/* cx_gemm_grouped with the scratch a kernel gives it: row r reads A + r*lda, its group group[r]. */
+void t_gemm_grouped(int rows, const float *A, int lda, const int *group, int ngroups, int K, const float *packed,
+                    int M, int lo, int width, float *c, int ldc)
+{
+    const float **a = malloc(sizeof(*a) * (rows > 0 ? rows : 1)), **sorted = malloc(sizeof(*a) * (rows > 0 ? rows : 1));
+    int *order = malloc(sizeof(int) * (rows > 0 ? rows : 1));
+    float *tmp = malloc(sizeof(float) * (size_t)(rows > 0 ? rows : 1) * (size_t)(width + 2 * CX_NR));
+    for (int r = 0; r < rows; r++)
+        a[r] = A + (size_t)r * lda;
+    cx_gemm_grouped(rows, a, group, ngroups, K, packed, M, lo, width, c, ldc, sorted, order, tmp);
+    free(a);
+    free(sorted);
+    free(order);
+    free(tmp);
+}
+
+/* cx_gemm_grouped_k likewise: row r reads A + r*lda (K floats, zero outside its group's k). */
+void t_gemm_grouped_k(int rows, const float *A, int lda, const int *group, int ngroups, int K, int width,
+                      const float *packed, int M, float *c, int ldc)
+{
+    const float **a = malloc(sizeof(*a) * (rows > 0 ? rows : 1)), **sorted = malloc(sizeof(*a) * (rows > 0 ? rows : 1));
+    int *order = malloc(sizeof(int) * (rows > 0 ? rows : 1));
+    float *tmp = malloc(sizeof(float) * (size_t)(rows > 0 ? rows : 1) * (size_t)M);
+    for (int r = 0; r < rows; r++)
+        a[r] = A + (size_t)r * lda;
+    cx_gemm_grouped_k(rows, a, group, ngroups, K, width, packed, M, c, ldc, sorted, order, tmp);
+    free(a);
+    free(sorted);
+    free(order);
+    free(tmp);
+}
+
 /* Row r of the product reads A + idx[r]*lda, or the shared zero row when idx[r] < 0 (a fused gather).
    p0 < 0: all panels through cx_gemm_rows_all.  threads > 1: split rows (split=0) or panels (split=1)
    with OpenMP, the way generated kernels do. */
@@ -108,6 +140,10 @@ class Kernel:
         lib.t_pack.argtypes = [fp, i, i, i, fp]
         lib.t_gemm.restype = None
         lib.t_gemm.argtypes = [i, fp, i, ip, fp, i, fp, i, i, i, fp, i, i, i, i]
+        lib.t_gemm_grouped.restype = None
+        lib.t_gemm_grouped.argtypes = [i, fp, i, ip, i, i, fp, i, i, i, fp, i]
+        lib.t_gemm_grouped_k.restype = None
+        lib.t_gemm_grouped_k.argtypes = [i, fp, i, ip, i, i, i, fp, i, fp, i]
         lib.t_gemm_tn.restype = None
         lib.t_gemm_tn.argtypes = [i, fp, i, ip, fp, i, ip, i, i, fp]
         self.lib = lib
@@ -130,6 +166,22 @@ class Kernel:
         self.lib.t_gemm_tn(
             len(ia), _fp(A), _ld(A), ia.ctypes.data_as(ip), _fp(B), _ld(B), ib.ctypes.data_as(ip),
             acc.shape[0], acc.shape[1], _fp(acc),
+        )  # fmt: skip
+
+    def gemm_grouped(self, A, group, groups, packed, M, K, lo, width, c) -> None:
+        """c[r, lo + g*width : lo + (g+1)*width] = (A[r] @ W.T) there, g = group[r]; c contiguous."""
+        group = np.ascontiguousarray(group, np.int32)
+        self.lib.t_gemm_grouped(
+            len(group), _fp(A), _ld(A), group.ctypes.data_as(ctypes.POINTER(ctypes.c_int)), groups, K,
+            _fp(packed), M, lo, width, _fp(c), _ld(c),
+        )  # fmt: skip
+
+    def gemm_grouped_k(self, A, group, groups, width, packed, M, K, c) -> None:
+        """c[r] = A[r] @ W.T over row r's group's k alone (A[r] zero elsewhere); c contiguous."""
+        group = np.ascontiguousarray(group, np.int32)
+        self.lib.t_gemm_grouped_k(
+            len(group), _fp(A), _ld(A), group.ctypes.data_as(ctypes.POINTER(ctypes.c_int)), groups, K, width,
+            _fp(packed), M, _fp(c), _ld(c),
         )  # fmt: skip
 
     def gemm(self, A, idx, packed, M, K, c, acc, p0=-1, p1=-1, threads=1, split=0) -> None:
@@ -394,3 +446,56 @@ def test_a_column_share_is_whole_panels_in_every_build():
     """Threads sharing a level by columns own runs of `column_granule` columns: whole panels only if every
     build's panel width divides it."""
     assert C.gemm_isas == C_GEMM_ISAS and all(C.column_granule % isa.nr == 0 for isa in C.gemm_isas)
+
+
+@pytest.mark.parametrize(
+    "K, lo, width, groups, after",
+    [(7, 0, 4, 3, 0), (9, 5, 20, 4, 3), (32, 16, 96, 4, 32), (13, 3, 33, 2, 17), (64, 0, 256, 3, 0)],
+)
+def test_grouped_rows_get_their_own_groups_columns_bitwise(kernel, K, lo, width, groups, after, rng):
+    """`cx_gemm_grouped` (passes/grouping.py): each row's own group's columns are bitwise the whole GEMM's,
+    every other column untouched; groups of any width and offset against the panels, groups with no rows,
+    and a group id out of range (nothing computed)."""
+    M = lo + groups * width + after
+    W = rng.standard_normal((M, K)).astype(np.float32)
+    packed = kernel.pack(W)
+    for rows in (1, 2, 9, 40):
+        A = rng.standard_normal((rows, K)).astype(np.float32)
+        group = rng.integers(0, groups, rows).astype(np.int32)
+        group[rng.random(rows) < 0.1] = groups  # out of range
+        if groups > 2:
+            group[group == 1] = 0  # a group no row has
+        full = np.zeros((rows, M), np.float32)
+        kernel.gemm(A, np.arange(rows), packed, M, K, full, 0)
+        c = np.full((rows, M), np.nan, np.float32)
+        kernel.gemm_grouped(A, group, groups, packed, M, K, lo, width, c)
+        for r in range(rows):
+            g = group[r]
+            own = slice(lo + g * width, lo + (g + 1) * width) if g < groups else slice(0, 0)
+            np.testing.assert_array_equal(c[r, own], full[r, own], err_msg=f"rows={rows} r={r} g={g}")
+            rest = np.ones(M, bool)
+            rest[own] = False
+            assert np.isnan(c[r, rest]).all(), f"rows={rows} r={r}: columns outside its group written"
+
+
+@pytest.mark.parametrize("M, width, groups", [(4, 4, 3), (32, 96, 4), (37, 20, 3), (150, 33, 2), (256, 64, 4)])
+def test_grouped_k_rows_are_the_whole_products_of_their_groups_k(kernel, M, width, groups, rng):
+    """`cx_gemm_grouped_k` (a chosen product's gradient times the transposed family): a row zero outside its
+    group's k gets bitwise the whole GEMM's product; a row of a group out of range is left alone."""
+    K = width * groups
+    W = rng.standard_normal((M, K)).astype(np.float32)
+    packed = kernel.pack(W)
+    for rows in (1, 3, 17, 40):
+        group = rng.integers(0, groups, rows).astype(np.int32)
+        group[rng.random(rows) < 0.1] = groups
+        A = np.zeros((rows, K), np.float32)
+        for r, g in enumerate(group):
+            if g < groups:
+                A[r, g * width : (g + 1) * width] = rng.standard_normal(width)
+        full = np.zeros((rows, M), np.float32)
+        kernel.gemm(A, np.arange(rows), packed, M, K, full, 0)
+        c = np.full((rows, M), np.nan, np.float32)
+        kernel.gemm_grouped_k(A, group, groups, width, packed, M, K, c)
+        inside = group < groups
+        np.testing.assert_array_equal(c[inside], full[inside], err_msg=f"rows={rows}")
+        assert np.isnan(c[~inside]).all()
