@@ -58,13 +58,14 @@ def summarise(runs: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 
 def write_markdown(
-    path: Path, rows: list[dict[str, Any]], papers: dict[str, tuple[Any, Any]], tasks: list[str], epochs: int
+    path: Path, rows: list[dict[str, Any]], papers: dict[str, tuple[Any, Any]], tasks: list[str], epochs: int | None
 ) -> None:
+    """`rows` (`summarise`) as a table beside the papers; `epochs` None: each model's own (`ModelSpec.epochs`)."""
+    trained = f"{epochs} epoch(s) each" if epochs else "each model's own epochs (sst_table.py's ModelSpec.epochs)"
     lines = [
         "# SST over seeds: accuracy (%), mean ± standard deviation",
         "",
-        f"Seeds {', '.join(str(s) for s in rows[0]['seeds'])}; {epochs} epoch(s) each; params of each run's best "
-        "dev epoch.",
+        f"Seeds {', '.join(str(s) for s in rows[0]['seeds'])}; {trained}; params of each run's best dev epoch.",
         "",
         "| model | task | test root | paper | test all | dev root | test root per seed |",
         "|---|---|---|---|---|---|---|",
@@ -87,13 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", nargs="+", type=table._seed, required=True, metavar="S")
     parser.add_argument("--models", nargs="+", default=["rntn", "treelstm"], choices=list(table.MODELS))
     parser.add_argument("--tasks", nargs="+", default=list(table.TASKS), choices=list(table.TASKS))
-    parser.add_argument("--epochs", type=table._positive, default=10)
+    parser.add_argument("--epochs", type=table._positive, default=None, help="default: each model's own")
     parser.add_argument("--train-limit", type=table._positive, default=None, metavar="K")
     args = parser.parse_args(argv)
     seeds = list(dict.fromkeys(args.seeds))
     runs = {}
     for seed in seeds:
-        given = ["--out", str(args.out / f"seed-{seed}"), "--seed", str(seed), "--epochs", str(args.epochs)]
+        given = ["--out", str(args.out / f"seed-{seed}"), "--seed", str(seed)]
+        given += ["--epochs", str(args.epochs)] if args.epochs else []
         given += ["--models", *args.models, "--tasks", *args.tasks]
         if args.train_limit is not None:
             given += ["--train-limit", str(args.train_limit)]

@@ -252,6 +252,32 @@ def test_accuracy_leaves_out_binary_neutral_nodes_on_hand_made_cases():
         example.task_labels(fine, "ternary")
 
 
+def test_word_dropout_turns_only_words_into_unk_at_its_rate():
+    """`drop_words`: <pad> (internal nodes) and <unk> stay; a word becomes <unk> with probability p, seeded."""
+    example = _example()
+    words = np.array([Vocab.PAD_ID, Vocab.UNK_ID, 5, 6, 7, Vocab.PAD_ID] * 2000, np.int32)
+    is_word = words > Vocab.UNK_ID
+    assert (example.drop_words(words, 0.0, np.random.default_rng(1)) == words).all()
+    assert (example.drop_words(words, 1.0, np.random.default_rng(1)) == np.where(is_word, Vocab.UNK_ID, words)).all()
+    dropped = example.drop_words(words, 0.25, np.random.default_rng(2))
+    assert (dropped[~is_word] == words[~is_word]).all() and set(dropped[is_word]) <= {Vocab.UNK_ID, 5, 6, 7}
+    rate = float(np.mean(dropped[is_word] == Vocab.UNK_ID))
+    assert 0.23 < rate < 0.27, rate
+    assert (dropped == example.drop_words(words, 0.25, np.random.default_rng(2))).all()
+
+
+def test_epochs_are_each_models_own_unless_given():
+    example = _example()
+    assert {name: spec.epochs for name, spec in example.MODELS.items()} == {
+        "rnn": 30, "mvrnn": 10, "rntn": 30, "treelstm": 10, "bitreelstm": 10,
+    }  # fmt: skip
+    assert {name: spec.word_dropout for name, spec in example.MODELS.items() if spec.word_dropout} == {
+        "rnn": 0.25, "rntn": 0.25,
+    }  # fmt: skip
+    assert example.parse_args(["--out", "x"]).epochs is None
+    assert example.parse_args(["--out", "x", "--epochs", "3"]).epochs == 3
+
+
 def test_the_binary_loss_leaves_out_neutral_nodes():
     """A training step's loss is the cross-entropy of the non-neutral nodes alone."""
     example = _example()
