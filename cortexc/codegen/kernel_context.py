@@ -28,6 +28,7 @@ from cortexc.ir.program import (
     Adjoints,
     ChildSoftmax,
     Gemm,
+    Grouped,
     Kernel,
     Loop,
     PlaceKind,
@@ -339,6 +340,14 @@ def _loop_grid(kernel: Kernel, step: Loop) -> int:
     return value.shape[1] if len(_pad_spans(kernel, step.value, step.width)) == 1 else 0
 
 
+def _group_context(exprs: KernelExprs, group: Grouped | None, rows: RowKind) -> dict[str, Any] | None:
+    """A grouped range (`passes.grouping`) as C: its columns, its count, and row `i`'s group (an int)."""
+    if group is None:
+        return None
+    index = exprs.ref(group.index, rows, "i", "0")
+    return {"lo": group.lo, "width": group.width, "groups": group.groups, "index": index}
+
+
 def _plain_columns(step: Gemm) -> list[tuple[int, int]]:
     """The column ranges of a grouped GEMM that every row computes: those of no `Grouped` range."""
     ranges, start = [], 0
@@ -364,18 +373,9 @@ def _step_context(exprs: KernelExprs, kernel: Kernel, step, grid_ok: bool = Fals
             "packed": step.packed,
             "out": step.out,
             "scratch": step.scratch,
-            "grouped": [
-                {"lo": g.lo, "width": g.width, "groups": g.groups, "index": exprs.ref(g.index, step.rows, "i", "0")}
-                for g in step.grouped
-            ],
+            "grouped": [_group_context(exprs, g, step.rows) for g in step.grouped],
             "plain": _plain_columns(step),
-            "grouped_k": None
-            if step.grouped_k is None
-            else {
-                "width": step.grouped_k.width,
-                "groups": step.grouped_k.groups,
-                "index": exprs.ref(step.grouped_k.index, step.rows, "i", "0"),
-            },
+            "grouped_k": _group_context(exprs, step.grouped_k, step.rows),
         }
     if isinstance(step, Loop):
         render = exprs.compute if step.compute else exprs.ref
@@ -445,13 +445,7 @@ def _step_context(exprs: KernelExprs, kernel: Kernel, step, grid_ok: bool = Fals
             "m": step.m,
             "k": step.k,
             "acc": f"acc_{step.param}",
-            "grouped": None
-            if step.grouped is None
-            else {
-                "width": step.grouped.width,
-                "groups": step.grouped.groups,
-                "index": exprs.ref(step.grouped.index, step.rows, "i", "0"),
-            },
+            "grouped": _group_context(exprs, step.grouped, step.rows),
         }
     if isinstance(step, AccumSum):
         return {
