@@ -147,6 +147,8 @@ def package_files(source: str, source_file: str, options: CompileOptions, render
         sections = {}
         for target_name, text in item.sources:
             kernel_file = f"{item.cell.name}{TARGETS[target_name].source_suffix}"
+            if kernel_file in files:  # a second target of this suffix (a copied target's): its name in the file's
+                kernel_file = f"{item.cell.name}.{target_name}{TARGETS[target_name].source_suffix}"
             files[kernel_file] = text
             sections[target_name] = target_spec(programs[target_name], TARGETS[target_name], kernel_file, text)
         cells.append(cell_spec(item.cell, sections, options.launch))

@@ -73,9 +73,11 @@ def py_docstring_text(text: str) -> str:
 
 
 @functools.cache
-def _cuda_prelude() -> str:
-    """The text of `cortexc/targets/cuda/cuda_prelude.cuh`, which a generated `.cu` carries inline."""
-    return resources.files("cortexc.targets.cuda").joinpath("cuda_prelude.cuh").read_text(encoding="utf-8").rstrip()
+def _cuda_prelude(target: str) -> str:
+    """The text of the target's `cuda_prelude.cuh` (`cortexc/targets/<name>/`), which a generated `.cu` carries
+    inline; empty for a target without one (C)."""
+    prelude = resources.files(f"cortexc.targets.{target}").joinpath("cuda_prelude.cuh")
+    return prelude.read_text(encoding="utf-8").rstrip() if prelude.is_file() else ""
 
 
 def render(program: Program, target: Target, source_file: str) -> str:
@@ -105,7 +107,7 @@ def render(program: Program, target: Target, source_file: str) -> str:
     template = environment().get_template("kernels.j2")
     return template.render(
         target=target,
-        cuda_prelude=_cuda_prelude(),
+        cuda_prelude=_cuda_prelude(target.name),
         c_helpers=c_helpers(program.kernels),
         nr=target.gemm_nr,
         mr=target.gemm_mr,

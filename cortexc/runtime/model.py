@@ -106,9 +106,10 @@ class CellModel:
     def __init__(self, device: str = "cpu", seed: int | None = 0, fold: bool = True):
         target = backend(device).target
         if target is not None and target not in type(self)._kernel_sources:
+            first = next(d for d, b in BACKENDS.items() if b.target == target)  # its target's first device
             raise CortexcError(
                 f"device={device!r} needs the {target} kernels, which this package was compiled "
-                f"without (cortexc compile --target {'cpu' if target == 'c' else 'cuda'} or all)"
+                f"without (cortexc compile --target {first} or all)"
             )
         self.device = device
         self._params = _frozen(init_params(self.signature, seed))
