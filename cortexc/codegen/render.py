@@ -255,6 +255,8 @@ def deferred_outer_products(program: Program) -> list[dict[str, Any]]:
     terms = []
     for term in program.deferred or ():
         kernel = program.kernel(term.kernel)
+        step = kernel.steps[term.step]
+        assert isinstance(step, AccumOuter)  # passes.deferred lists AccumOuter steps only
         levels = None
         if kernel.rows == Rows.LEVEL:
             grad_node = kernel.role == KernelRole.GRAD_NODE
@@ -287,17 +289,17 @@ def deferred_outer_products(program: Program) -> list[dict[str, Any]]:
                 "narrow": term.narrow,
                 "levels": levels,
                 "positions": positions,
-                "group": _deferred_group(program, kernel, kernel.steps[term.step]),
+                "group": _deferred_group(program, kernel, step),
             }
         )
     return terms
 
 
-def _deferred_group(program: Program, kernel: Kernel, step: Any) -> dict[str, Any] | None:
+def _deferred_group(program: Program, kernel: Kernel, step: AccumOuter) -> dict[str, Any] | None:
     """For a term of a chosen product's gradient (`AccumOuter.grouped`) over child edges whose choice is an
     edge index input: that input's slot in `cx_call.inputs` and the group's width, so the deferred phase
     reads each row's group and skips the rows of groups outside a block (their factors are zero there)."""
-    grouped = getattr(step, "grouped", None)
+    grouped = step.grouped
     if grouped is None or step.rows != RowKind.CHILD:
         return None
     chooser = kernel.body.values[grouped.index]

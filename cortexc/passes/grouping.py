@@ -57,6 +57,10 @@ def group_products(program: Program) -> Program:
 
 def _grouped_kernel(kernel: Kernel) -> Kernel:
     steps, buffers = list(kernel.steps), list(kernel.buffers)
+    users: dict[int, list[int]] = {}
+    for index, value in enumerate(kernel.body.values):
+        for arg in value.args:
+            users.setdefault(arg, []).append(index)
     split = kernel.split.split_steps if kernel.split is not None else ()
     for number, step in enumerate(steps):
         if isinstance(step, AccumOuter):
@@ -64,7 +68,7 @@ def _grouped_kernel(kernel: Kernel) -> Kernel:
             continue
         if not isinstance(step, Gemm) or step.fold or (number < len(split) and split[number]):
             continue
-        grouped = _grouped_columns(kernel, number, step)
+        grouped = _grouped_columns(kernel, number, step, users)
         by_k = _grouped_k(kernel, number, step)
         if not grouped and by_k is None:
             continue
@@ -75,13 +79,10 @@ def _grouped_kernel(kernel: Kernel) -> Kernel:
     return replace(kernel, steps=tuple(steps), buffers=tuple(buffers))
 
 
-def _grouped_columns(kernel: Kernel, number: int, step: Gemm) -> list[Grouped]:
-    """The column ranges of `step` that only a per-row choice of one of their matrices reads."""
+def _grouped_columns(kernel: Kernel, number: int, step: Gemm, users: dict[int, list[int]]) -> list[Grouped]:
+    """The column ranges of `step` that only a per-row choice of one of their matrices reads (`users`: each
+    value's readers in the body)."""
     values, places = kernel.body.values, kernel.places
-    users: dict[int, list[int]] = {}
-    for index, value in enumerate(values):
-        for arg in value.args:
-            users.setdefault(arg, []).append(index)
     read_by_steps = {
         getattr(s, field) for s in kernel.steps for field in ("value", "operand", "a", "b") if hasattr(s, field)
     }

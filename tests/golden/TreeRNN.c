@@ -1397,6 +1397,20 @@ CX_API void cx_gemm_rows(int rows, const float *const *a_rows, int K, const floa
     cx_gemm_rows_from(rows, a_rows, K, K, packed, M, p0, p1, c, ldc, 0, accumulate);
 }
 
+/* The rows of group g, in order: their operand pointers (plus `skip` floats) into `sorted`, their places into
+   `order`; how many. */
+static int cx_group_rows(int rows, const float *const *a_rows, const int *group, int g, size_t skip,
+                         const float **sorted, int *order)
+{
+    int n = 0;
+    for (int i = 0; i < rows; i++)
+        if (group[i] == g) {
+            sorted[n] = a_rows[i] + skip;
+            order[n++] = i;
+        }
+    return n;
+}
+
 /* The products of a family of matrices where each row needs one matrix's: of the columns
    [lo + g * width, lo + (g + 1) * width) (g < ngroups), row i gets those of g = group[i] only (others of c
    are left as they were). The rows of a group are gathered in order (`sorted`, `order`: rows entries each)
@@ -1408,12 +1422,7 @@ CX_API void cx_gemm_grouped(int rows, const float *const *a_rows, const int *gro
                             const float **sorted, int *order, float *tmp)
 {
     for (int g = 0; g < ngroups; g++) {
-        int n = 0;
-        for (int i = 0; i < rows; i++)
-            if (group[i] == g) {
-                sorted[n] = a_rows[i];
-                order[n++] = i;
-            }
+        const int n = cx_group_rows(rows, a_rows, group, g, 0, sorted, order);
         if (n == 0)
             continue;
         const int col = lo + g * width, p0 = col / CX_NR, p1 = (col + width + CX_NR - 1) / CX_NR;
@@ -1436,12 +1445,7 @@ CX_API void cx_gemm_grouped_k(int rows, const float *const *a_rows, const int *g
 {
     const int panels = (M + CX_NR - 1) / CX_NR;
     for (int g = 0; g < ngroups; g++) {
-        int n = 0;
-        for (int i = 0; i < rows; i++)
-            if (group[i] == g) {
-                sorted[n] = a_rows[i] + (size_t)g * width;
-                order[n++] = i;
-            }
+        const int n = cx_group_rows(rows, a_rows, group, g, (size_t)g * width, sorted, order);
         if (n == 0)
             continue;
         cx_gemm_rows_from(n, sorted, width, K, packed + (size_t)g * width * CX_NR, M, 0, panels, tmp, M, 0, 0);
@@ -3029,6 +3033,20 @@ CX_API void cx_gemm_rows(int rows, const float *const *a_rows, int K, const floa
     cx_gemm_rows_from(rows, a_rows, K, K, packed, M, p0, p1, c, ldc, 0, accumulate);
 }
 
+/* The rows of group g, in order: their operand pointers (plus `skip` floats) into `sorted`, their places into
+   `order`; how many. */
+static int cx_group_rows(int rows, const float *const *a_rows, const int *group, int g, size_t skip,
+                         const float **sorted, int *order)
+{
+    int n = 0;
+    for (int i = 0; i < rows; i++)
+        if (group[i] == g) {
+            sorted[n] = a_rows[i] + skip;
+            order[n++] = i;
+        }
+    return n;
+}
+
 /* The products of a family of matrices where each row needs one matrix's: of the columns
    [lo + g * width, lo + (g + 1) * width) (g < ngroups), row i gets those of g = group[i] only (others of c
    are left as they were). The rows of a group are gathered in order (`sorted`, `order`: rows entries each)
@@ -3040,12 +3058,7 @@ CX_API void cx_gemm_grouped(int rows, const float *const *a_rows, const int *gro
                             const float **sorted, int *order, float *tmp)
 {
     for (int g = 0; g < ngroups; g++) {
-        int n = 0;
-        for (int i = 0; i < rows; i++)
-            if (group[i] == g) {
-                sorted[n] = a_rows[i];
-                order[n++] = i;
-            }
+        const int n = cx_group_rows(rows, a_rows, group, g, 0, sorted, order);
         if (n == 0)
             continue;
         const int col = lo + g * width, p0 = col / CX_NR, p1 = (col + width + CX_NR - 1) / CX_NR;
@@ -3068,12 +3081,7 @@ CX_API void cx_gemm_grouped_k(int rows, const float *const *a_rows, const int *g
 {
     const int panels = (M + CX_NR - 1) / CX_NR;
     for (int g = 0; g < ngroups; g++) {
-        int n = 0;
-        for (int i = 0; i < rows; i++)
-            if (group[i] == g) {
-                sorted[n] = a_rows[i] + (size_t)g * width;
-                order[n++] = i;
-            }
+        const int n = cx_group_rows(rows, a_rows, group, g, (size_t)g * width, sorted, order);
         if (n == 0)
             continue;
         cx_gemm_rows_from(n, sorted, width, K, packed + (size_t)g * width * CX_NR, M, 0, panels, tmp, M, 0, 0);
@@ -5138,6 +5146,20 @@ CX_API void cx_gemm_rows(int rows, const float *const *a_rows, int K, const floa
     cx_gemm_rows_from(rows, a_rows, K, K, packed, M, p0, p1, c, ldc, 0, accumulate);
 }
 
+/* The rows of group g, in order: their operand pointers (plus `skip` floats) into `sorted`, their places into
+   `order`; how many. */
+static int cx_group_rows(int rows, const float *const *a_rows, const int *group, int g, size_t skip,
+                         const float **sorted, int *order)
+{
+    int n = 0;
+    for (int i = 0; i < rows; i++)
+        if (group[i] == g) {
+            sorted[n] = a_rows[i] + skip;
+            order[n++] = i;
+        }
+    return n;
+}
+
 /* The products of a family of matrices where each row needs one matrix's: of the columns
    [lo + g * width, lo + (g + 1) * width) (g < ngroups), row i gets those of g = group[i] only (others of c
    are left as they were). The rows of a group are gathered in order (`sorted`, `order`: rows entries each)
@@ -5149,12 +5171,7 @@ CX_API void cx_gemm_grouped(int rows, const float *const *a_rows, const int *gro
                             const float **sorted, int *order, float *tmp)
 {
     for (int g = 0; g < ngroups; g++) {
-        int n = 0;
-        for (int i = 0; i < rows; i++)
-            if (group[i] == g) {
-                sorted[n] = a_rows[i];
-                order[n++] = i;
-            }
+        const int n = cx_group_rows(rows, a_rows, group, g, 0, sorted, order);
         if (n == 0)
             continue;
         const int col = lo + g * width, p0 = col / CX_NR, p1 = (col + width + CX_NR - 1) / CX_NR;
@@ -5177,12 +5194,7 @@ CX_API void cx_gemm_grouped_k(int rows, const float *const *a_rows, const int *g
 {
     const int panels = (M + CX_NR - 1) / CX_NR;
     for (int g = 0; g < ngroups; g++) {
-        int n = 0;
-        for (int i = 0; i < rows; i++)
-            if (group[i] == g) {
-                sorted[n] = a_rows[i] + (size_t)g * width;
-                order[n++] = i;
-            }
+        const int n = cx_group_rows(rows, a_rows, group, g, (size_t)g * width, sorted, order);
         if (n == 0)
             continue;
         cx_gemm_rows_from(n, sorted, width, K, packed + (size_t)g * width * CX_NR, M, 0, panels, tmp, M, 0, 0);
@@ -6770,6 +6782,20 @@ CX_API void cx_gemm_rows(int rows, const float *const *a_rows, int K, const floa
     cx_gemm_rows_from(rows, a_rows, K, K, packed, M, p0, p1, c, ldc, 0, accumulate);
 }
 
+/* The rows of group g, in order: their operand pointers (plus `skip` floats) into `sorted`, their places into
+   `order`; how many. */
+static int cx_group_rows(int rows, const float *const *a_rows, const int *group, int g, size_t skip,
+                         const float **sorted, int *order)
+{
+    int n = 0;
+    for (int i = 0; i < rows; i++)
+        if (group[i] == g) {
+            sorted[n] = a_rows[i] + skip;
+            order[n++] = i;
+        }
+    return n;
+}
+
 /* The products of a family of matrices where each row needs one matrix's: of the columns
    [lo + g * width, lo + (g + 1) * width) (g < ngroups), row i gets those of g = group[i] only (others of c
    are left as they were). The rows of a group are gathered in order (`sorted`, `order`: rows entries each)
@@ -6781,12 +6807,7 @@ CX_API void cx_gemm_grouped(int rows, const float *const *a_rows, const int *gro
                             const float **sorted, int *order, float *tmp)
 {
     for (int g = 0; g < ngroups; g++) {
-        int n = 0;
-        for (int i = 0; i < rows; i++)
-            if (group[i] == g) {
-                sorted[n] = a_rows[i];
-                order[n++] = i;
-            }
+        const int n = cx_group_rows(rows, a_rows, group, g, 0, sorted, order);
         if (n == 0)
             continue;
         const int col = lo + g * width, p0 = col / CX_NR, p1 = (col + width + CX_NR - 1) / CX_NR;
@@ -6809,12 +6830,7 @@ CX_API void cx_gemm_grouped_k(int rows, const float *const *a_rows, const int *g
 {
     const int panels = (M + CX_NR - 1) / CX_NR;
     for (int g = 0; g < ngroups; g++) {
-        int n = 0;
-        for (int i = 0; i < rows; i++)
-            if (group[i] == g) {
-                sorted[n] = a_rows[i] + (size_t)g * width;
-                order[n++] = i;
-            }
+        const int n = cx_group_rows(rows, a_rows, group, g, (size_t)g * width, sorted, order);
         if (n == 0)
             continue;
         cx_gemm_rows_from(n, sorted, width, K, packed + (size_t)g * width * CX_NR, M, 0, panels, tmp, M, 0, 0);
