@@ -23,7 +23,7 @@ from cortexc.ir.cell import Cell
 from cortexc.ir.ops import fmt_shape
 from cortexc.options import KNOWN_TARGETS, MAX_DIM, CompileOptions
 from cortexc.runtime.abi import LaunchMode, LaunchOptions
-from cortexc.runtime.backends import BACKENDS, targets_of
+from cortexc.runtime.backends import BACKENDS, DEFAULT_DEVICE, targets_of
 from cortexc.runtime.signature import CellSignature
 
 #: `cortexc compile --target`: a device's kernels, or every target's
@@ -144,7 +144,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         where = "built-in random forest"
     forest_s = time.perf_counter() - started
     inputs = _demo_inputs(cell, forest, np.random.default_rng(args.seed))
-    compiled = getattr(module, cell.name)(device="cpu", seed=args.seed)
+    compiled = getattr(module, cell.name)(device=DEFAULT_DEVICE, seed=args.seed)
     out = compiled(forest, **inputs)  # builds (or loads from the cache) the kernels
     compiled_s = min(_timed(compiled, forest, inputs) for _ in range(args.repeats))
     steps = cell.structure.steps

@@ -28,6 +28,7 @@ from cortexc.ir.ops import param_matrix
 from cortexc.ir.program import Program, hoisted_widths
 from cortexc.ir.runtime_signature import positions
 from cortexc.options import CompileOptions
+from cortexc.targets.c.target import TARGET as C_TARGET
 
 #: the flags of the library and programs (as runtime/build.py's, for the same kernels and speed)
 #: (the Makefile adds runtime/build.py's -mprefer-vector-width=512 where `uname -m` is an x86 one)
@@ -160,7 +161,7 @@ def export(
     from cortexc.pipeline import Source, run_stages
 
     source = Path(cell_file).read_text(encoding="utf-8")
-    options = CompileOptions.make(defines, ("c",))
+    options = CompileOptions.make(defines, (C_TARGET.name,))  # a served package is C
     rendered = run_stages(Source(source, str(cell_file)), options, until="render")
     stem = package_name(cell_file)
     cells = [item.cell for item in rendered]
@@ -173,9 +174,9 @@ def export(
     stored: dict[str, np.ndarray] = {}
     for item in rendered:
         cell = item.cell
-        program = next(v.program for v in item.programs if v.target == "c")
-        context = {"c": cell_context(cell, program, fold), "source_file": str(cell_file)}
-        kernels = dict(item.sources)["c"]
+        program = next(v.program for v in item.programs if v.target == C_TARGET.name)
+        context = {"c": cell_context(cell, program, fold), "source_file": str(cell_file)}  # the templates' name
+        kernels = dict(item.sources)[C_TARGET.name]
         text_files[f"{cell.name}.h"] = env.get_template("export_header.h.j2").render(**context)
         text_files[f"{cell.name}.c"] = env.get_template("export_cell.c.j2").render(**context, kernels=kernels)
         text_files[f"{cell.name}_io.h"] = env.get_template("export_io.h.j2").render(**context)

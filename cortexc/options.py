@@ -52,7 +52,8 @@ class CompileOptions:
     """What to compile and how.
 
     ``defines`` override dims (``-D H=256``) in every cell that declares them;
-    ``targets`` are the kernel sources to generate (``"c"``, ``"cuda"``);
+    ``targets`` are the kernel sources to generate (`KNOWN_TARGETS` names; the first registered one by
+    default);
     ``launch`` is the CUDA launch the package asks for by default (written into
     `cell.json`; the environment's ``CORTEXC_CUDA_*`` and an executor's own
     options still override it, since the generated code takes it as an
@@ -62,7 +63,7 @@ class CompileOptions:
     """
 
     defines: tuple[tuple[str, int], ...] = ()
-    targets: tuple[str, ...] = ("c",)
+    targets: tuple[str, ...] = KNOWN_TARGETS[:1]
     launch: LaunchOptions = LaunchOptions()
     dump_dir: Path | None = field(default=None, compare=False)
 
@@ -81,7 +82,7 @@ class CompileOptions:
     def make(
         cls,
         defines: Mapping[str, int] | None = None,
-        targets: Iterable[str] = ("c",),
+        targets: Iterable[str] = KNOWN_TARGETS[:1],
         dump_dir: str | os.PathLike[str] | None = None,
         launch: LaunchOptions | None = None,
     ) -> CompileOptions:

@@ -6,9 +6,8 @@
 #   2. installs the carried wheels into /tmp/site (pip --no-index --no-deps --target)
 #   3. preflight: builds one example's .cu exactly as cortexc/targets/cuda/executor.py does (nvcc, no GPU needed)
 #   4. builds PyCUDA from its sdist, offline, objects compiled in parallel; installs it into /tmp/site
-#   5. installs cortexc itself into /tmp/site (it maps grammars/ to cortexc.grammars: PYTHONPATH to the
-#      checkout is not enough), and runs tests and benchmark from a copy of tests/ benchmarks/ examples/
-#      so that the checkout's cortexc/ cannot shadow the installed one
+#   5. installs cortexc itself into /tmp/site (as pip installs it, package data included), and runs tests
+#      and benchmark from a copy of tests/ benchmarks/ examples/ so that the checkout's cortexc/ cannot shadow the installed one
 #   6. tests/targets/cuda/test_cuda_gpu.py (CORTEXC_REQUIRE_GPU=1: a missing PyCUDA or GPU fails, never skips): the NumPy
 #      API against the interpreter, cortexc.torch's CellModule on cuda against the cpu module (forward and
 #      gradients; torch with CUDA required; also inside `with torch.cuda.stream(s):`, on a side stream), and
@@ -150,7 +149,7 @@ install_cortexc() {
     step "cortexc -> $SITE (from a copy of the checkout's package files)"
     local src=$SCRATCH/cortexc-src
     rm -rf "$src" && mkdir -p "$src"
-    cp -r pyproject.toml README.md cortexc grammars "$src"/
+    cp -r pyproject.toml README.md cortexc "$src"/
     find "$src" -name __pycache__ -prune -exec rm -rf {} +
     "$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-build-isolation --no-compile \
         --upgrade --target "$SITE" "$src"

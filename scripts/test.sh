@@ -6,7 +6,7 @@ python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q -e '.[test]'
-ruff check cortexc tests grammars benchmarks examples scripts
-ruff format --check cortexc tests grammars benchmarks examples scripts
+ruff check cortexc tests benchmarks examples scripts
+ruff format --check cortexc tests benchmarks examples scripts
 mypy
 python scripts/run_tests.py -q "$@"

@@ -44,6 +44,10 @@ BACKENDS: dict[str, Backend] = {
 }
 
 
+#: `CellModel`'s and `cortexc run`'s device when none is named: the first registered target's first (``"cpu"``)
+DEFAULT_DEVICE: str = next(iter(BACKENDS))
+
+
 def backend(device: str) -> Backend:
     """The backend of a device name, or a `CortexcError` listing the known ones."""
     from cortexc.errors import CortexcError
@@ -51,6 +55,12 @@ def backend(device: str) -> Backend:
     if device not in BACKENDS:
         raise CortexcError(f"unknown device {device!r} (choose from {', '.join(BACKENDS)})")
     return BACKENDS[device]
+
+
+def backends_for(tensors: str) -> tuple[str, ...]:
+    """The devices whose executors `cortexc.torch` can run on tensors of this torch device type (``"cpu"``,
+    ``"cuda"``: `Backend.tensors`), the default first."""
+    return tuple(device for device, b in BACKENDS.items() if b.tensors == tensors)
 
 
 def targets_of(devices: tuple[str, ...]) -> tuple[str, ...]:

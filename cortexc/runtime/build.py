@@ -67,9 +67,6 @@ def cache_dir() -> Path:
     return path
 
 
-#: what each compiler is needed for, named when it is missing
-NEEDED_FOR = {"gcc": "gcc for device='cpu'", "g++": "g++ for device='cuda-emu'", "nvcc": "nvcc for device='cuda'"}
-
 #: a build (or `--version`) running longer than this is killed; CORTEXC_BUILD_TIMEOUT overrides it (seconds)
 BUILD_TIMEOUT = 900.0
 
@@ -121,8 +118,7 @@ def run_tool(command: list[str]) -> subprocess.CompletedProcess[str]:
 @functools.cache
 def compiler_version(compiler: str) -> str:
     if shutil.which(compiler) is None:
-        needed = NEEDED_FOR.get(Path(compiler).name, f"{compiler!r}")
-        raise BuildError(f"the C compiler {compiler!r} was not found on PATH (cortexc needs {needed})")
+        raise BuildError(f"the C compiler {compiler!r} was not found on PATH")
     result = run_tool([compiler, "--version"])
     return result.stdout.strip() or compiler  # all of it: nvcc puts its version on the last line
 
@@ -153,14 +149,19 @@ def build_shared(
     source_path: str | os.PathLike | None = None,
     compiler: str | None = None,
     flags: tuple[str, ...] = C_FLAGS,
+    purpose: str = "",
 ) -> Path:
     """The path of the shared library built from `source` (from the cache when it is there), loaded once
     to prove it loads (`load_library` then returns that handle).
 
     `source_path` is where the generated source lives for the user (named in errors). A cached file
-    that fails its check or does not load is built again.
+    that fails its check or does not load is built again. `purpose` (the device it is built for) is named
+    when the compiler is missing.
     """
     compiler = compiler or os.environ.get("CC", "gcc")
+    if shutil.which(compiler) is None:
+        needed = f" (cortexc needs {compiler} for {purpose})" if purpose else ""
+        raise BuildError(f"the C compiler {compiler!r} was not found on PATH{needed}")
     key = build_key(source, flags, compiler)
     name = name[:MAX_NAME]  # the key tells libraries apart; the name is for people, and file names are short
     directory = cache_dir()

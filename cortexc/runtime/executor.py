@@ -183,6 +183,10 @@ class Backend:
     """One device: the kernel target it runs and how to make its executor (`cortexc.runtime.backends`)."""
 
     device: str  # what users pass as `device=`
-    target: str | None  # the kernel source it runs (a `cortexc.options.KNOWN_TARGETS` name); None: the IR
+    target: str | None  # the kernel source it runs (a `cortexc.targets.NAMES` name); None: the IR
     make_executor: Callable[[ExecutorRequest], Executor]
     summary: str
+    #: the torch device type whose tensors `cortexc.torch` runs through this backend (its array calls):
+    #: ``"cpu"`` or ``"cuda"``; None where it has no array calls (the interpreter). For a device type, the
+    #: first such backend of the table is the default; the others are `CellModule.use_backend`'s choices
+    tensors: str | None = None

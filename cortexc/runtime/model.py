@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from cortexc.errors import CortexcError, InputError, OutputError
-from cortexc.runtime.backends import BACKENDS, ExecutorRequest, backend, compile_ir
+from cortexc.runtime.backends import BACKENDS, DEFAULT_DEVICE, ExecutorRequest, backend, compile_ir
 from cortexc.runtime.edges import from_kernel_order, to_kernel_order
 from cortexc.runtime.executor import Executor
 from cortexc.runtime.forest import Forest
@@ -103,7 +103,7 @@ class CellModel:
     signature: ClassVar[CellSignature]  # what forests, inputs and params are validated against
     cell: ClassVar[Cell] = _CompiledCell()  # type: ignore[assignment]  # the IR, compiled on first use
 
-    def __init__(self, device: str = "cpu", seed: int | None = 0, fold: bool = True):
+    def __init__(self, device: str = DEFAULT_DEVICE, seed: int | None = 0, fold: bool = True):
         target = backend(device).target
         if target is not None and target not in type(self)._kernel_sources:
             first = next(d for d, b in BACKENDS.items() if b.target == target)  # its target's first device

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from cortexc.errors import CortexcError, ForestError, InputError
+from cortexc.runtime.backends import BACKENDS, backends_for
 from cortexc.runtime.forest import Forest
 from cortexc.runtime.model import CellModel, cell_class
 from cortexc.runtime.signature import CellSignature, EmbeddingSig
@@ -81,27 +82,32 @@ class CellModule(nn.Module):
     def _attach(self, cls: type[CellModel]) -> None:
         self.signature: CellSignature = cls.signature
         self._cell_class = cls
-        self._cpu_key = cell_key(cls, "cpu")
+        self._cpu_key = cell_key(cls, backends_for("cpu")[0])
         # (key, device index) -> this module's runner: the cpu one now, others on first use (`_runner_for`)
         self._runners: Runners = {(self._cpu_key, None): _Runner(cls)}
         own(list(self.parameters()), self._runners)
 
     def use_backend(self, backend: str) -> CellModule:
-        """Run this module's CPU tensors on another executor: ``"cuda-emu"`` drives the CUDA host path
-        (what a module on a GPU runs) through the emulated CUDA library, on the CPU; ``"cpu"`` (the
-        default) the compiled C. Returns the module."""
-        if backend not in ("cpu", "cuda-emu"):
-            raise CortexcError(f"use_backend takes 'cpu' or 'cuda-emu', got {backend!r} (for a GPU: .to('cuda'))")
+        """Run this module's CPU tensors on another backend that takes them (`Backend.tensors`): ``"cuda-emu"``
+        drives the CUDA host path (what a module on a GPU runs) through the emulated CUDA library, on the
+        CPU; the default is the table's first (``"cpu"``, the compiled C). Returns the module."""
+        choices = backends_for("cpu")
+        if backend not in choices:
+            raise CortexcError(
+                f"use_backend takes {' or '.join(map(repr, choices))}, got {backend!r} (for a GPU: .to('cuda'))"
+            )
         self._cpu_backend = backend
         return self
 
     def _runner_for(self, device: torch.device) -> tuple[str, _Runner]:
         """The op key and this module's runner for tensors on `device` (the runner made on first use)."""
-        backend = "cuda" if device.type == "cuda" else getattr(self, "_cpu_backend", "cpu")
-        if device.type not in ("cpu", "cuda"):
-            raise CortexcError(f"CellModule runs on the cpu or cuda, not on {device}")
+        choices = backends_for(device.type)
+        if not choices:
+            kinds = dict.fromkeys(b.tensors for b in BACKENDS.values() if b.tensors is not None)
+            raise CortexcError(f"CellModule runs on {' or '.join(map(str, kinds))} tensors, not on {device}")
+        backend = getattr(self, "_cpu_backend", choices[0]) if device.type == "cpu" else choices[0]
         key = cell_key(self._cell_class, backend)
-        index = device.index if device.type == "cuda" else None
+        index = device.index if device.type != "cpu" else None
         runner = self._runners.get((key, index))
         if runner is None:
             runner = self._runners[(key, index)] = _Runner(self._cell_class, backend, index)

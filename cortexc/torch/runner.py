@@ -27,6 +27,7 @@ from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
 from cortexc.errors import CortexcError
+from cortexc.runtime.backends import BACKENDS, backends_for
 from cortexc.torch.keys import class_of, parse_key
 
 if TYPE_CHECKING:
@@ -39,11 +40,13 @@ class _Runner:
     """A cell's executor on one backend (``cpu``, ``cuda``, ``cuda-emu``), a module's own or a key's shared
     one, and what the ops read from its `cell.json` entry (orders and shapes)."""
 
-    def __init__(self, cls: type[CellModel], backend: str = "cpu", device_index: int | None = None):
-        self.backend = backend
+    def __init__(self, cls: type[CellModel], backend: str | None = None, device_index: int | None = None):
+        self.backend = backend = backend or backends_for("cpu")[0]
         self.device_index = device_index
+        #: its executor runs on torch's CUDA tensors (a GPU), not on CPU ones (`Backend.tensors`)
+        self.on_gpu = BACKENDS[backend].tensors == "cuda"
         arch = None
-        if backend == "cuda":  # torch's arch and context: no PyCUDA
+        if self.on_gpu:  # torch's arch and context: no PyCUDA
             major, minor = torch.cuda.get_device_capability(device_index)
             arch = (major, minor)
         # the executor's calls on the arrays torch allocates: on host arrays (cpu) or device addresses (cuda*)
@@ -127,7 +130,7 @@ class _Runner:
         """The cudaStream_t a call goes on: torch's current stream on the runner's GPU (so the kernels run
         after the work torch queued there, its zeroed results included, as any torch op would); 0, the
         default stream, for the emulator's CPU tensors."""
-        if self.backend != "cuda":
+        if not self.on_gpu:
             return 0
         return int(torch.cuda.current_stream(self.device_index).cuda_stream)
 

@@ -587,7 +587,7 @@ def test_the_cuda_runner_takes_torchs_arch_needs_no_pycuda_and_runs_on_torchs_st
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (8, 6))
     builds = []
 
-    def build(source, name, source_path=None, compiler=None, flags=()):
+    def build(source, name, source_path=None, compiler=None, flags=(), purpose=""):
         builds.append((name, compiler, flags))
         return build_emulated(source, name)
 

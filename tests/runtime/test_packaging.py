@@ -1,27 +1,46 @@
-"""The package list of pyproject.toml covers every data file cortexc reads (pip then installs it all, with no
-setuptools warning about a data folder missing from `packages`)."""
+"""pip installs all of cortexc: every module and data file under `cortexc/` (grammar, templates, headers) is in
+the wheel, and so is a target folder a newcomer adds (`cortexc/targets/<name>/`, found without editing
+pyproject.toml)."""
 
 from __future__ import annotations
 
-import fnmatch
+import shutil
+import subprocess
+import sys
+import zipfile
 
 import pytest
 
 from tests.helpers import REPO
 
-tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+def _files(root, under):
+    return {
+        path.relative_to(root).as_posix()
+        for path in (root / under).rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+    }
 
 
-def test_every_data_file_is_in_a_listed_package_and_its_globs():
-    config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
-    packages, data, where = config["packages"], config["package-data"], config.get("package-dir", {})
-    folders = {name: REPO / where.get(name, name.replace(".", "/")) for name in packages}
-    for root in (REPO / "cortexc", REPO / "grammars"):
-        for path in root.rglob("*"):
-            if path.is_dir() or path.suffix in (".py", ".pyc") or "__pycache__" in path.parts:
-                continue
-            owner = next((name for name, folder in folders.items() if folder == path.parent), None)
-            assert owner is not None, f"{path.relative_to(REPO)}: its folder is not a package in pyproject.toml"
-            assert any(fnmatch.fnmatch(path.name, glob) for glob in data.get(owner, [])), (
-                f"{path.relative_to(REPO)}: not matched by the package-data of {owner}"
-            )
+def test_the_wheel_holds_every_file_of_the_package_and_of_a_new_target(tmp_path):
+    pytest.importorskip("setuptools")
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    shutil.copytree(REPO / "cortexc", source / "cortexc", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(source / "cortexc" / "targets" / "cuda", source / "cortexc" / "targets" / "newtarget")
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp_path / "w", source],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (wheel,) = (tmp_path / "w").glob("cortexc-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        packaged = {name for name in archive.namelist() if name.startswith("cortexc/")}
+    expected = _files(source, "cortexc")
+    assert {f for f in expected if f.startswith("cortexc/targets/newtarget/templates/")}, "the copy has templates"
+    assert expected - packaged == set()
+    assert {name for name in packaged if "__pycache__" in name} == set()

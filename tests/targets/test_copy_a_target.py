@@ -45,8 +45,8 @@ PRELUDE_MARK = f"/* {NEW}: the copied target's prelude */"
 EDITS = (
     ("target.py", 'name="cuda"', f'name="{NEW}"'),
     ("host.py", 'TARGET = "cuda"', f'TARGET = "{NEW}"'),
-    ("backends.py", 'Backend("cuda", "cuda"', f'Backend("{NEW}", "{NEW}"'),
-    ("backends.py", 'Backend("cuda-emu", "cuda"', f'Backend("{DEVICE}", "{NEW}"'),
+    ("backends.py", '"cuda", "cuda", _cuda,', f'"{NEW}", "{NEW}", _cuda,'),
+    ("backends.py", '"cuda-emu", "cuda", _cuda_emulated,', f'"{DEVICE}", "{NEW}", _cuda_emulated,'),
     # a dialect macro: visible in the .cu, and (under the emulator) an error unless the copy's g++ flags were used
     (
         "templates/dialect.j2",
@@ -63,11 +63,10 @@ _IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc")
 
 
 def make_copy(root: Path) -> Path:
-    """The `cortexc` package (and its grammar) copied into `root`, with the new target folder and its one
+    """The `cortexc` package copied into `root`, with the new target folder and its one
     registration line: what a newcomer's checkout would hold."""
     package = root / "cortexc"
     shutil.copytree(REPO / "cortexc", package, ignore=_IGNORED)
-    shutil.copytree(REPO / "grammars", package / "grammars", ignore=_IGNORED)  # `cortexc.grammars`
     folder = package / "targets" / NEW
     shutil.copytree(package / "targets" / "cuda", folder)
     for path in folder.glob("*.py"):
@@ -118,7 +117,7 @@ def test_the_copy_is_the_folder_plus_one_registration_line(copy_root):
     """`git diff --stat` of the newcomer's checkout: the new folder, and one changed line in the registry."""
     repo, copy = _files(REPO / "cortexc"), _files(copy_root / "cortexc")
     new_folder = f"targets/{NEW}/"
-    added = {name for name in copy.keys() - repo.keys() if not name.startswith("grammars/")}
+    added = copy.keys() - repo.keys()
     assert added == {new_folder + name for name in _files(REPO / "cortexc" / "targets" / "cuda")}
     assert not repo.keys() - copy.keys()
     changed = sorted(name for name in repo if repo[name].read_bytes() != copy[name].read_bytes())

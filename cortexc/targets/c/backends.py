@@ -9,7 +9,11 @@ def _cpu(request: ExecutorRequest) -> Executor:
     from cortexc.runtime.build import build_shared
     from cortexc.targets.c.executor import CpuExecutor
 
-    return CpuExecutor(request.spec, build_shared(request.source, request.name, request.source_path))
+    return CpuExecutor(
+        request.spec, build_shared(request.source, request.name, request.source_path, purpose="device='cpu'")
+    )
 
 
-BACKENDS = (Backend("cpu", "c", _cpu, "the generated C, built with gcc and OpenMP (cached by source and flags)"),)
+BACKENDS = (
+    Backend("cpu", "c", _cpu, "the generated C, built with gcc and OpenMP (cached by source and flags)", tensors="cpu"),
+)

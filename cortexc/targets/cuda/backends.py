@@ -18,6 +18,10 @@ def _cuda_emulated(request: ExecutorRequest) -> Executor:
 
 
 BACKENDS = (
-    Backend("cuda", "cuda", _cuda, "the generated CUDA, built with nvcc for the GPU's arch (needs pycuda)"),
-    Backend("cuda-emu", "cuda", _cuda_emulated, "the generated CUDA run on the CPU by cuda_emu.h (tests)"),
+    Backend(
+        "cuda", "cuda", _cuda, "the generated CUDA, built with nvcc for the GPU's arch (needs pycuda)", tensors="cuda"
+    ),
+    Backend(
+        "cuda-emu", "cuda", _cuda_emulated, "the generated CUDA run on the CPU by cuda_emu.h (tests)", tensors="cpu"
+    ),
 )

@@ -23,7 +23,7 @@ EMU_FLAGS = ("-std=c++17", "-O1", "-fPIC", "-shared", "-Wall", "-Wno-unused-func
 def build_emulated(source: str, name: str, source_path: str | Path | None = None) -> Path:
     """The shared library of a `.cu` source built for the emulator (cached like any build)."""
     flags = (*EMU_FLAGS[:-2], *cuda_include_flags(), "-include", "cuda_emu.h", *EMU_FLAGS[-2:])
-    return build_shared(source, f"{name}_emu", source_path, compiler="g++", flags=flags)
+    return build_shared(source, f"{name}_emu", source_path, compiler="g++", flags=flags, purpose="device='cuda-emu'")
 
 
 class EmulatedCudaExecutor(DeviceExecutor):

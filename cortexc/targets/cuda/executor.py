@@ -107,7 +107,9 @@ class CudaExecutor(DeviceExecutor):
             f"-arch=sm_{major}{minor}",
         )  # a .cu, named .c
         flags += cuda_include_flags()
-        library = build_shared(cuda_source, f"{name}_sm{major}{minor}", compiler="nvcc", flags=flags)
+        library = build_shared(
+            cuda_source, f"{name}_sm{major}{minor}", compiler="nvcc", flags=flags, purpose="device='cuda'"
+        )
         super().__init__(spec, library, launch)
 
     def _on_device(self, where: Mapping[str, tuple[int, tuple[int, ...]]]) -> dict[str, Any]:

@@ -250,7 +250,7 @@ def test_the_cuda_executor_with_a_stand_in_for_pycuda(packages, rng, monkeypatch
     events = _stand_in_pycuda(monkeypatch)
     builds = []
 
-    def build(source, name, source_path=None, compiler=None, flags=()):
+    def build(source, name, source_path=None, compiler=None, flags=(), purpose=""):
         builds.append((name, compiler, flags))
         return build_emulated(source, name)
 
