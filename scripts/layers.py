@@ -86,16 +86,21 @@ def imports() -> list[tuple[str, str]]:
     edges = []
     for path in sorted(ROOT.rglob("*.py")):
         importer = _module_name(path)
+        package = importer if path.name == "__init__.py" else importer.rpartition(".")[0]
         tree = ast.parse(path.read_text(encoding="utf-8"))
         skipped = _type_checking_only(tree)
         for node in ast.walk(tree):
             if id(node) in skipped:
                 continue
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                if node.module == "cortexc":  # `from cortexc import pipeline`: the submodules named
-                    edges += [(importer, f"cortexc.{a.name}") for a in node.names]
-                elif node.module.startswith("cortexc."):
-                    edges.append((importer, node.module))
+            if isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                if node.level:  # relative (a target folder's own modules): `from .host import` in its package
+                    base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    module = f"{base}.{module}" if module else base
+                if module == "cortexc" or (node.level and not node.module):  # `from X import a`: submodules
+                    edges += [(importer, f"{module}.{a.name}") for a in node.names]
+                elif module.startswith("cortexc."):
+                    edges.append((importer, module))
             elif isinstance(node, ast.Import):
                 edges += [(importer, a.name) for a in node.names if a.name.startswith("cortexc")]
     return edges

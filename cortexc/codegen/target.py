@@ -34,11 +34,9 @@ class Target:
     column_split: bool = False  # small levels may be shared among blocks (CUDA) or threads (C) by columns
     column_granule: int = 1  # ... in whole runs of this many columns; a period it does not divide: no split
     whole_width_copy: bool = False  # a split step also has its whole-width loop, for calls that do not split
-    defer_outer_products: bool = False  # weight gradients (AccumOuter) as one GEMM per term after the recursion
-    defer_min_width: int = 0  # ... those with m * k / (m + k) >= this (smaller ones: summed per tile, in cache)
-    defer_narrow: bool = False  # C: ... and the smaller ones in launches of few rows (DeferredOuter.narrow)
-    fold_lookups: bool = False  # C: GEMMs of table rows may read a folded table in an inference (passes.fold)
-    save_activations: bool = False  # C: a training forward keeps what the gradient kernels read (passes.saving)
+    # weight gradients (AccumOuter) as one GEMM per term after the recursion, where the target's passes
+    # marked them (`passes.deferred`: which, and the narrow ones, are that pass's arguments)
+    defer_outer_products: bool = False
     direct_max_k: int = 0  # C: an inference of wide levels may run the node kernel without hoisting, its sums of
     # products as one GEMM over the params side by side where they have at most this many columns (passes.direct)
     hoist_window_bytes: int = 0  # C: an inference computes its hoisted rows a window of levels at a time, in

@@ -39,3 +39,11 @@ def test_every_module_is_in_a_layer_and_the_script_prints_the_graph():
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "layers.py")], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "runtime   -> base" in done.stdout and "upward imports:" in done.stdout
+
+
+def test_relative_imports_count():
+    """A target folder's modules import each other relatively; those imports are edges too (`from .host
+    import ...`, `from . import threads`)."""
+    edges = set(layers.imports())
+    assert ("cortexc.targets.cuda.executor", "cortexc.targets.cuda.host") in edges
+    assert ("cortexc.targets.c.executor", "cortexc.targets.c.threads") in edges

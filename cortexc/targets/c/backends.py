@@ -7,7 +7,8 @@ from cortexc.runtime.executor import Backend, Executor, ExecutorRequest
 
 def _cpu(request: ExecutorRequest) -> Executor:
     from cortexc.runtime.build import build_shared
-    from cortexc.targets.c.executor import CpuExecutor
+
+    from .executor import CpuExecutor
 
     return CpuExecutor(
         request.spec, build_shared(request.source, request.name, request.source_path, purpose="device='cpu'")

@@ -23,8 +23,9 @@ from cortexc.runtime.build import load_library
 from cortexc.runtime.linearize import Linearized
 from cortexc.runtime.package import CellSpec
 from cortexc.runtime.philox import EVAL, Dropout
-from cortexc.targets.c import threads
-from cortexc.targets.c.memory import Kept, Recycled, Scratch, fresh_arrays, state_arrays
+
+from . import threads
+from .memory import Kept, Recycled, Scratch, fresh_arrays, state_arrays
 
 if TYPE_CHECKING:
     from cortexc.runtime.executor import DeviceArrayCalls, HostArrayCalls

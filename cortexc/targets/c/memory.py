@@ -20,7 +20,7 @@ import numpy as np
 from cortexc.runtime.abi import aligned_empty
 
 if TYPE_CHECKING:
-    from cortexc.targets.c.executor import Saved
+    from .executor import Saved
 
 
 #: floats between the starts of two arrays of one `fresh_arrays` buffer are a multiple of this (64 bytes)

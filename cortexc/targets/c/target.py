@@ -47,10 +47,6 @@ TARGET = Target(
     column_granule=COLUMN_GRANULE,
     whole_width_copy=True,  # most calls (and every level below the threshold) run whole: no per-panel loops
     defer_outer_products=True,
-    defer_min_width=DEFER_MIN_WIDTH_C,
-    defer_narrow=True,
-    fold_lookups=True,
-    save_activations=True,
     direct_max_k=DIRECT_MAX_K,
     # half of a 1-2 MiB L2: a chain LSTM of 1000 x 10 (10 MB of hoisted rows) ran 1.37x faster with a window
     # of 256 rows (256 KiB) than with all of them written before the recursion and read back from L3

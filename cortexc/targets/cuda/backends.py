@@ -6,13 +6,13 @@ from cortexc.runtime.executor import Backend, Executor, ExecutorRequest
 
 
 def _cuda(request: ExecutorRequest) -> Executor:
-    from cortexc.targets.cuda.executor import CudaExecutor
+    from .executor import CudaExecutor
 
     return CudaExecutor(request.spec, request.source, request.name, arch=request.arch)
 
 
 def _cuda_emulated(request: ExecutorRequest) -> Executor:
-    from cortexc.targets.cuda.emulated import EmulatedCudaExecutor
+    from .emulated import EmulatedCudaExecutor
 
     return EmulatedCudaExecutor(request.spec, request.source, request.name)
 

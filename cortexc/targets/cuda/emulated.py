@@ -15,7 +15,8 @@ from pathlib import Path
 from cortexc.runtime.abi import LaunchOptions
 from cortexc.runtime.build import build_shared
 from cortexc.runtime.package import CellSpec
-from cortexc.targets.cuda.host import DeviceExecutor, cuda_include_flags
+
+from .host import DeviceExecutor, cuda_include_flags
 
 EMU_FLAGS = ("-std=c++17", "-O1", "-fPIC", "-shared", "-Wall", "-Wno-unused-function", "-x", "c++")
 

@@ -25,7 +25,8 @@ from cortexc.errors import CortexcError
 from cortexc.runtime.abi import LaunchOptions
 from cortexc.runtime.build import build_shared
 from cortexc.runtime.package import CellSpec
-from cortexc.targets.cuda.host import DeviceExecutor, cuda_include_flags
+
+from .host import DeviceExecutor, cuda_include_flags
 
 INSTALL_HINT = "install cortexc[cuda] on a machine with an NVIDIA driver"
 

@@ -27,7 +27,6 @@ import hashlib
 import threading
 import weakref
 from collections.abc import Mapping
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -52,7 +51,7 @@ def cuda_include_flags() -> tuple[str, ...]:
     """What a build of a generated `.cu` adds to its flags: the folder of the headers it includes
     (`cuda_prelude.cuh`, and `cuda_emu.h` for the emulator), and their hash, so that the build cache
     (keyed by source and flags) never reuses a library built against other headers."""
-    folder = Path(str(resources.files("cortexc.targets.cuda").joinpath("cuda_prelude.cuh"))).parent
+    folder = Path(__file__).resolve().parent  # this target's folder, wherever it was copied to
     digest = hashlib.sha256()
     for header in ("cuda_prelude.cuh", "cuda_emu.h"):
         digest.update((folder / header).read_bytes())
