@@ -120,11 +120,12 @@ def start_params(params: dict[str, np.ndarray], spec: ModelSpec) -> dict[str, np
 #: dropping 0.15 or 0.4 of the words, or rare words more, or adding dropout 0.5 on the classifier's input or
 #: L2 1e-3 on W and T; CoreNLP's word vectors at N(0, 1) (34.3) or its AdaGrad reset every epoch (38.6).
 #: A second search (RNTN, best dev root accuracy, mean of seeds 0-2, 30 epochs; fine unless said): as above
-#: 44.5; the RNTN's cell dropping 0.1 of its children's [left; right] in training (rntn.cell) 45.7 (seeds 0-4:
-#: 45.6; 40 epochs: 46.0, so it trains 40), binary 84.3 -> 84.7; 0.05 of them 45.5, 0.2 45.0, 0.2 of the leaf
-#: vectors 45.3, 0.1 of both 44.9. No better: the root's loss weighted 2 or 4 times (44.1, 43.8), batches of 10
-#: or 5 (45.0, 43.3), clipping the gradient's norm at 10 (44.8). The RNN's binary dev did not gain from the
-#: same dropout (81.2 -> 80.6), so its cell has none.
+#: 44.5; the RNTN's cell dropping 0.1 of its children's [left; right] in training (rntn.cell) 45.7 (seeds 0-6,
+#: paired: +0.95 +- 0.46, 5 of 7 seeds gain; 40 epochs: 46.0, so it trains 40), binary 84.3 -> 84.7; 0.05 of
+#: them 45.5, 0.2 45.0, 0.2 of the leaf vectors 45.3, 0.1 of both 44.9. No better: the root's loss weighted 2
+#: or 4 times (44.1, 43.8), batches of 10 or 5 (45.0, 43.3), clipping the gradient's norm at 10 (44.8), T's
+#: init at 0.001 or 0.03 (with the dropout: 45.0, 45.4), H = 50 (unstable). The RNN's binary dev did not gain
+#: from the same dropout (81.2 -> 80.6), so its cell has none.
 #: The bidirectional Tree-LSTM (two cells, `Chain`; its params named <Cell>.<param>) is trained as the
 #: Tree-LSTM, both directions at H = 150 as Teng & Zhang 2017; its cell drops the classifier's input in
 #: training (Tai et al.'s dropout 0.5, which gave +1.8 fine / +1.1 binary dev root accuracy, seed 0).
