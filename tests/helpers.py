@@ -72,6 +72,19 @@ def relative_error(actual, expected) -> float:
     return float(np.abs(actual - expected).max() / max(np.abs(expected).max(), 1e-30))
 
 
+def assert_saturated_close(actual, expected, name: str = "") -> None:
+    """Results of saturated inputs (+-100, inf) against the interpreter's: the same non-finite values in the
+    same places (NaN matching NaN), the finite ones within float32 rounding, normwise (`relative_error` 1e-5)
+    and per element (1e-5 relative plus 1e-5 absolute: these states are O(1), and a chain's steps sum their
+    rounding, so a lone element may be a few 1e-6 off where the normwise error is 5e-7)."""
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    finite = np.isfinite(expected)
+    np.testing.assert_array_equal(actual[~finite], expected[~finite], err_msg=name)
+    assert np.isfinite(actual[finite]).all(), name
+    assert relative_error(actual[finite], expected[finite]) < 1e-5, name
+    np.testing.assert_allclose(actual[finite], expected[finite], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
 def children_of(parents) -> list[list[int]]:
     """Children in increasing index order (the documented `from_parents` order), from our own array."""
     kids: list[list[int]] = [[] for _ in parents]

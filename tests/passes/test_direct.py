@@ -23,7 +23,16 @@ from cortexc.ir.program import KernelRole
 from cortexc.options import CompileOptions
 from cortexc.passes.direct import inline_hoisted, stack_products
 from cortexc.pipeline import Source, run_stages
-from tests.helpers import EXAMPLES, REPO, chains, random_inputs, relative_error, sst_path, twin_models
+from tests.helpers import (
+    EXAMPLES,
+    REPO,
+    assert_saturated_close,
+    chains,
+    random_inputs,
+    relative_error,
+    sst_path,
+    twin_models,
+)
 from tests.helpers import digest as _digest
 
 #: cells whose node kernel has a direct variant: a chain LSTM, the child-sum and the attentive Tree-LSTM
@@ -140,7 +149,7 @@ def test_saturated_inputs_agree_with_the_interpreter_in_the_direct_kernel(module
     x = rng.choice(np.array([-100.0, 100.0, np.inf, -np.inf, 0.5], np.float32), (forest.num_nodes, 7))
     got, expected = _run(model, forest, 2, x=x), reference(forest, x=x)
     for name, value in expected.items():
-        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+        assert_saturated_close(got[name], value, name)
 
 
 def test_the_child_sum_tree_lstm_direct_kernel_on_sst_trees(modules, rng):
