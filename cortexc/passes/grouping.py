@@ -61,6 +61,11 @@ def _grouped_kernel(kernel: Kernel) -> Kernel:
     for index, value in enumerate(kernel.body.values):
         for arg in value.args:
             users.setdefault(arg, []).append(index)
+    # the values a step or a result reads directly (not through the body's expressions)
+    read_by_steps = {
+        getattr(s, field) for s in kernel.steps for field in ("value", "operand", "a", "b") if hasattr(s, field)
+    }
+    read_by_steps |= {index for _, index in kernel.body.results}
     split = kernel.split.split_steps if kernel.split is not None else ()
     for number, step in enumerate(steps):
         if isinstance(step, AccumOuter):
@@ -68,8 +73,8 @@ def _grouped_kernel(kernel: Kernel) -> Kernel:
             continue
         if not isinstance(step, Gemm) or step.fold or (number < len(split) and split[number]):
             continue
-        grouped = _grouped_columns(kernel, number, step, users)
-        by_k = _grouped_k(kernel, number, step)
+        grouped = _grouped_columns(kernel, number, step, users, read_by_steps)
+        by_k = _unselected(kernel, step.operand, number)  # the gradient's side: the operand's k by group
         if not grouped and by_k is None:
             continue
         name = f"{step.out}_groups"
@@ -79,14 +84,12 @@ def _grouped_kernel(kernel: Kernel) -> Kernel:
     return replace(kernel, steps=tuple(steps), buffers=tuple(buffers))
 
 
-def _grouped_columns(kernel: Kernel, number: int, step: Gemm, users: dict[int, list[int]]) -> list[Grouped]:
+def _grouped_columns(
+    kernel: Kernel, number: int, step: Gemm, users: dict[int, list[int]], read_by_steps: set[int]
+) -> list[Grouped]:
     """The column ranges of `step` that only a per-row choice of one of their matrices reads (`users`: each
-    value's readers in the body)."""
+    value's readers in the body; `read_by_steps`: the values steps or results read, which must stay whole)."""
     values, places = kernel.body.values, kernel.places
-    read_by_steps = {
-        getattr(s, field) for s in kernel.steps for field in ("value", "operand", "a", "b") if hasattr(s, field)
-    }
-    read_by_steps |= {index for _, index in kernel.body.results}
     grouped = []
     for index, value in enumerate(values):
         place = places[index]
@@ -110,12 +113,6 @@ def _grouped_columns(kernel: Kernel, number: int, step: Gemm, users: dict[int, l
         if values[chooser].domain == value.domain and _ready_before(kernel, chooser, number):
             grouped.append(Grouped(place.column, group_width, groups, chooser))
     return sorted(grouped, key=lambda g: g.lo)
-
-
-def _grouped_k(kernel: Kernel, number: int, step: Gemm) -> Grouped | None:
-    """The k of `step`'s operand by group, where the operand is a chosen product's gradient put back among the
-    family's zeros (its rows' zeros outside their group's k)."""
-    return _unselected(kernel, step.operand, number)
 
 
 def _unselected(kernel: Kernel, index: int, number: int) -> Grouped | None:
