@@ -16,6 +16,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 SST_DIR = Path(os.environ.get("CORTEXC_SST_DIR", REPO.parent / "shared" / "data" / "sst"))
+#: every example cell file by a name unique among them: examples/*.cell by its stem, the SST table's
+#: examples/sst/*.cell as sst/<stem> (the SST table's models: 3-D params, two-cell files, dropout)
+EXAMPLE_CELLS = {
+    path.relative_to(EXAMPLES).with_suffix("").as_posix(): path
+    for path in sorted(EXAMPLES.glob("*.cell")) + sorted(EXAMPLES.glob("sst/*.cell"))
+}
 
 
 def sst_path(split: str) -> Path:
@@ -106,10 +112,10 @@ def small_forest(cell, rng: np.random.Generator, trees: int, max_nodes: int, cha
     return Forest.random(trees, rng=rng, binary=cell.arity == 2, max_children=cell.arity or 5, max_nodes=max_nodes)
 
 
-def twin_models(module, device: str, seed: int, rng: np.random.Generator, jitter: float = 0.1):
-    """The package's first cell on `device` and in the interpreter, with the same params: the seeded
-    init plus noise (so that no gradient is trivially zero)."""
-    cls = getattr(module, module.__all__[0])
+def twin_models(module, device: str, seed: int, rng: np.random.Generator, jitter: float = 0.1, cell: str | None = None):
+    """The package's cell `cell` (default its first) on `device` and in the interpreter, with the same
+    params: the seeded init plus noise (so that no gradient is trivially zero)."""
+    cls = getattr(module, cell or module.__all__[0])
     model, reference = cls(device=device, seed=seed), cls(device="interp", seed=seed)
     params = {k: v + jitter * rng.standard_normal(v.shape).astype(np.float32) for k, v in reference.params.items()}
     model.load_params(params)

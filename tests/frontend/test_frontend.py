@@ -18,6 +18,7 @@ from cortexc.errors import CellTypeError
 from cortexc.frontend import lower_source, parse
 from cortexc.ir.cell import Body, Cell, Init, InitKind, Structure
 from cortexc.ir.verify import verify_cell
+from tests.helpers import EXAMPLE_CELLS
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.cell"))
@@ -74,7 +75,7 @@ def test_there_are_examples():
     }
 
 
-@pytest.mark.parametrize("path", EXAMPLE_FILES, ids=[f.stem for f in EXAMPLE_FILES])
+@pytest.mark.parametrize("path", list(EXAMPLE_CELLS.values()), ids=list(EXAMPLE_CELLS))
 def test_example_parses_and_lowers(path):
     source = path.read_text()
     module = parse(source, str(path))

@@ -30,13 +30,12 @@ import pytest
 import cortexc
 from cortexc import Forest
 from cortexc.runtime.vocab import Vocab
-from tests.helpers import EXAMPLES, REPO, random_inputs
+from tests.helpers import EXAMPLE_CELLS, EXAMPLES, REPO, random_inputs
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 
 DEVICE = os.environ.get("CORTEXC_GPU_TEST_DEVICE", "cuda")
 REQUIRE_GPU = os.environ.get("CORTEXC_REQUIRE_GPU") == "1"
-EXAMPLE_FILES = sorted(EXAMPLES.glob("*.cell"))
 DIMS = {
     "small": {"X": 9, "H": 7, "V": 20, "C": 3},
     "mid": {"X": 40, "H": 33, "V": 50, "C": 5},
@@ -95,21 +94,26 @@ def packages():
     """Every example compiled once per dims set (into $CORTEXC_CACHE, shared with the benchmark)."""
     built = {}
     for size, dims in DIMS.items():
-        for path in EXAMPLE_FILES:
+        for name, path in EXAMPLE_CELLS.items():
             declared = dict(cortexc.compile_file(path)[0].dims)
-            built[size, path.stem] = cortexc.load(path, **{k: v for k, v in dims.items() if k in declared})
+            built[size, name] = cortexc.load(path, **{k: v for k, v in dims.items() if k in declared})
     return built
 
 
 @pytest.mark.parametrize("mode", ["split", "persistent", "levels"])
 @pytest.mark.parametrize("size", list(DIMS))
-@pytest.mark.parametrize("name", [p.stem for p in EXAMPLE_FILES])
+@pytest.mark.parametrize("name", list(EXAMPLE_CELLS))
 def test_cuda_matches_the_interpreter(packages, name, size, mode, rng, monkeypatch):
     """Every launch mode (CORTEXC_CUDA_MODE): split levels by columns with weights in shared memory (the
-    default), the persistent kernel by row tiles only, one grid per level."""
+    default), the persistent kernel by row tiles only, one grid per level; every cell of the file."""
     monkeypatch.setenv("CORTEXC_CUDA_MODE", mode)
     module = packages[size, name]
-    cls = getattr(module, module.__all__[0])
+    for cell in module.__all__:
+        _check_cell(getattr(module, cell), f"{name}.{cell}/{size}", rng)
+
+
+def _check_cell(cls, label: str, rng: np.random.Generator) -> None:
+    """One cell on the GPU against the interpreter: forward, then backward from random upstream gradients."""
     gpu, reference = cls(device=DEVICE, seed=2), cls(device="interp", seed=2)
     params = {k: v + 0.1 * rng.standard_normal(v.shape).astype(np.float32) for k, v in reference.params.items()}
     gpu.load_params(params)
@@ -119,14 +123,14 @@ def test_cuda_matches_the_interpreter(packages, name, size, mode, rng, monkeypat
     out_g, out_r = gpu(forest, grad=True, **inputs), reference(forest, grad=True, **inputs)
     assert set(out_g) == set(out_r)
     errors = {key: _relative(out_g[key], expected) for key, expected in out_r.items()}
-    print(f"{name}/{size}: {forest.num_nodes} nodes, {forest.num_levels} levels; forward rel err", errors)
-    assert max(errors.values()) < FORWARD_RTOL, errors
+    print(f"{label}: {forest.num_nodes} nodes, {forest.num_levels} levels; forward rel err", errors)
+    assert max(errors.values()) < FORWARD_RTOL, (label, errors)
     upstream = {key: rng.standard_normal(value.shape).astype(np.float32) for key, value in out_r.items()}
     grads_g, grads_r = gpu.backward(out_g, upstream), reference.backward(out_r, upstream)
     assert set(grads_g) == set(grads_r)
     errors = {f"d{key}": _relative(grads_g[key], expected) for key, expected in grads_r.items()}
-    print(f"{name}/{size}: backward rel err", errors)
-    assert max(errors.values()) < BACKWARD_RTOL, errors
+    print(f"{label}: backward rel err", errors)
+    assert max(errors.values()) < BACKWARD_RTOL, (label, errors)
 
 
 # ------------------------------------------------------------------ SST

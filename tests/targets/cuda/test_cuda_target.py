@@ -16,6 +16,7 @@ from cortexc import Forest
 from cortexc.errors import CortexcError
 from cortexc.runtime.topdown import linearize_for
 from tests.helpers import (
+    EXAMPLE_CELLS,
     EXAMPLES,
     compare_backward,
     nvcc_compile,
@@ -26,7 +27,6 @@ from tests.helpers import (
 )
 
 DIMS = {"X": 9, "H": 7, "V": 20, "C": 3}
-EXAMPLE_FILES = sorted(EXAMPLES.glob("*.cell"))
 
 
 @pytest.fixture(scope="module")
@@ -34,31 +34,33 @@ def packages(tmp_path_factory):
     """Every example compiled once for both targets (small dims, so emulation stays quick)."""
     out = tmp_path_factory.mktemp("packages")
     built = {}
-    for path in EXAMPLE_FILES:
+    for name, path in EXAMPLE_CELLS.items():
         declared = dict(cortexc.compile_file(path)[0].dims)
-        built[path.stem] = cortexc.load(path, out_dir=out, **{k: v for k, v in DIMS.items() if k in declared})
+        dims = {k: v for k, v in DIMS.items() if k in declared}
+        built[name] = cortexc.load(path, out_dir=out / name.replace("/", "_"), **dims)
     return built
 
 
 @pytest.mark.parametrize("mode", ["persistent", "levels"])
-@pytest.mark.parametrize("name", [p.stem for p in EXAMPLE_FILES])
+@pytest.mark.parametrize("name", list(EXAMPLE_CELLS))
 def test_emulated_cuda_matches_the_interpreter(packages, name, mode, rng, monkeypatch):
     """Both launch modes: the persistent kernel (all levels in one cooperative launch, grid barriers
-    between levels) and one grid per level."""
+    between levels) and one grid per level; every cell of the file (a two-cell file's down cell too)."""
     monkeypatch.setenv("CORTEXC_CUDA_MODE", mode)
     module = packages[name]
-    emulated, reference = twin_models(module, "cuda-emu", 2, rng)
-    forest = small_forest(reference.cell, rng, 12, 20)
-    inputs = random_inputs(reference.cell, forest, rng)
-    out_e, out_r = emulated(forest, grad=True, **inputs), reference(forest, grad=True, **inputs)
-    launches = emulated._executor_for_device().lib.cx_last_launch_count()
-    if mode == "persistent":
-        assert launches == 1  # the whole forward
-    else:
-        assert launches >= linearize_for(reference.signature, forest).num_levels  # a graph cell's: its steps
-    for key, expected in out_r.items():
-        assert relative_error(out_e[key], expected) < 1e-5, key
-    compare_backward(emulated, reference, out_e, out_r, rng)
+    for cell in module.__all__:
+        emulated, reference = twin_models(module, "cuda-emu", 2, rng, cell=cell)
+        forest = small_forest(reference.cell, rng, 12, 20)
+        inputs = random_inputs(reference.cell, forest, rng)
+        out_e, out_r = emulated(forest, grad=True, **inputs), reference(forest, grad=True, **inputs)
+        launches = emulated._executor_for_device().lib.cx_last_launch_count()
+        if mode == "persistent":
+            assert launches == 1, cell  # the whole forward
+        else:
+            assert launches >= linearize_for(reference.signature, forest).num_levels, cell  # a graph's: its steps
+        for key, expected in out_r.items():
+            assert relative_error(out_e[key], expected) < 1e-5, (cell, key)
+        compare_backward(emulated, reference, out_e, out_r, rng)
 
 
 def test_cuda_device_without_pycuda_is_a_clear_error(packages):
