@@ -27,7 +27,7 @@ from cortexc.errors import CellTypeError, InputError
 from cortexc.ir.ops import OPS, Op
 from cortexc.runtime import philox
 from cortexc.runtime.philox import Dropout, keep_mask, philox4x32
-from tests.helpers import EXAMPLES, REPO, relative_error, sst_path
+from tests.helpers import EXAMPLE_CELLS, EXAMPLES, REPO, random_inputs, relative_error, small_forest, sst_path
 
 #: Random123's kat_vectors for philox4x32_10: counter, key, the four output words
 KAT = [
@@ -530,6 +530,44 @@ def test_hoisted_and_per_child_dropout_on_cpu_and_every_cuda_launch(structure, r
         grads = model.backward(out, up)
         for name, expected in grads_ref.items():
             assert relative_error(grads[name], expected) < 1e-4, (device, mode, name)
+
+
+#: the example files that drop in training (the SST table trains three of them: rnn, rntn, bitreelstm)
+DROPOUT_EXAMPLES = [name for name, path in EXAMPLE_CELLS.items() if "dropout(" in path.read_text(encoding="utf-8")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", DROPOUT_EXAMPLES)
+def test_every_example_with_dropout_trains_alike_on_cpu_and_cuda_emu(name, rng, tmp_path):
+    """Each cell of the file in training mode, one dropout seed: compiled C and emulated CUDA against the
+    interpreter, forward and backward (the masks are the contract's on every device); and the masks act."""
+    path = EXAMPLE_CELLS[name]
+    declared = dict(cortexc.compile_file(path)[0].dims)
+    small = {"X": 9, "H": 7, "V": 20, "C": 3}
+    module = cortexc.load(path, out_dir=tmp_path / "pkg", **{k: v for k, v in small.items() if k in declared})
+    acted = []  # per cell: training's outputs differ from evaluation's (a two-cell file may drop in one only)
+    for cell in module.__all__:
+        cls = getattr(module, cell)
+        reference = _jittered(cls, "interp", 3, rng)
+        forest = small_forest(reference.cell, rng, 8, 20)
+        inputs = random_inputs(reference.cell, forest, rng)
+        seed = int(rng.integers(0, 2**63))
+        expected = reference(forest, grad=True, train=True, dropout_seed=seed, **inputs)
+        evaluation = reference(forest, **inputs)
+        acted.append(any(relative_error(evaluation[k], v) > 1e-3 for k, v in expected.items()))
+        up = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in expected.items()}
+        expected_grads = reference.backward(expected, up)
+        for device in ("cpu", "cuda-emu"):
+            model = cls(device=device)
+            model.load_params(reference.params)
+            out = model(forest, grad=True, train=True, dropout_seed=seed, **inputs)
+            for k, v in expected.items():
+                assert relative_error(out[k], v) < 1e-5, (cell, device, k)
+            grads = model.backward(out, up)
+            assert set(grads) == set(expected_grads)
+            for k, v in expected_grads.items():
+                assert relative_error(grads[k], v) < 1e-4, (cell, device, f"d{k}")
+    assert any(acted), "no cell's masks changed its outputs"
 
 
 @pytest.mark.nvcc
