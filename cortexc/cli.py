@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import os
 import sys
 import time
@@ -18,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from cortexc.errors import CellError, CortexcError, DimError, ForestError
+from cortexc.errors import CellError, CortexcError, DimError
 from cortexc.ir.cell import Cell
 from cortexc.ir.ops import fmt_shape
 from cortexc.options import KNOWN_TARGETS, MAX_DIM, CompileOptions
@@ -217,13 +216,7 @@ def _read_trees(path: str, limit: int | None):
     """The forest of a PTB file's first `limit` lines; every error in it names the file."""
     from cortexc.runtime.forest import Forest
 
-    try:
-        with open(path, encoding="utf-8") as lines:
-            return Forest.from_ptb(itertools.islice(lines, limit))
-    except UnicodeDecodeError as err:
-        raise ForestError(f"{path}: not UTF-8 text (byte 0x{err.object[err.start]:02x})") from None
-    except ForestError as err:
-        raise ForestError(f"{path}: {err}") from None
+    return Forest.from_ptb_file(path, limit)
 
 
 def _timed(model, forest, inputs) -> float:

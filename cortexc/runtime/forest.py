@@ -599,11 +599,12 @@ class Forest:
     # --------------------------------------------------------------- PTB
 
     @classmethod
-    def from_ptb_file(cls, path: str | os.PathLike[str]) -> Forest:
-        """``from_ptb`` on a UTF-8 file, one bracketed tree per line."""
+    def from_ptb_file(cls, path: str | os.PathLike[str], limit: int | None = None) -> Forest:
+        """``from_ptb`` on a UTF-8 file, one bracketed tree per line (its first ``limit`` lines; all if
+        None); an error in the text names the file, its line and column."""
         from cortexc.runtime.ptb import read_ptb_file
 
-        return read_ptb_file(path)
+        return read_ptb_file(path, limit)
 
     @classmethod
     def from_ptb(cls, lines: Iterable[str] | str | bytes) -> Forest:

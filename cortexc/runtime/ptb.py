@@ -8,6 +8,7 @@ reported with its line and column. ``Forest.from_ptb`` documents the format.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from collections.abc import Iterable
@@ -41,10 +42,34 @@ _INT32_MIN = int(np.iinfo(np.int32).min)
 _INT32_MAX = int(np.iinfo(np.int32).max)
 
 
-def read_ptb_file(path: str | os.PathLike[str]) -> Forest:
-    """``read_ptb`` on a UTF-8 file, one bracketed tree per line."""
-    with open(path, encoding="utf-8") as handle:
-        return read_ptb(handle)
+def read_ptb_file(path: str | os.PathLike[str], limit: int | None = None) -> Forest:
+    """``read_ptb`` on a UTF-8 file, one bracketed tree per line (its first ``limit`` lines; all if None).
+    Every error in the text names the file first (``path: line L, column C: ...``), as a `.cell` error
+    does; a missing or unreadable file is Python's own `OSError`, which names it."""
+    name = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = list(itertools.islice(handle, limit))
+    except UnicodeDecodeError:
+        raise ForestError(f"{name}: {_undecodable(path)}") from None
+    try:
+        return read_ptb(lines)
+    except ForestError as err:
+        raise type(err)(f"{name}: {err}") from None
+
+
+def _undecodable(path: str | os.PathLike[str]) -> str:
+    """Where a file that failed to decode stops being UTF-8: its line (counted as text mode counts them:
+    LF, CRLF or CR) and the byte's offset in that line."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        breaks = list(re.finditer(rb"\r\n|\r|\n", data[: err.start]))
+        start = breaks[-1].end() if breaks else 0
+        return f"line {len(breaks) + 1} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start - start})"
+    return "the file changed while it was read: it is UTF-8 text now"
 
 
 def read_ptb(lines: Iterable[str] | str | bytes) -> Forest:

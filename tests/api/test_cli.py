@@ -170,7 +170,7 @@ def test_errors_at_run_time_have_the_error_prefix_and_name_the_trees_file(tmp_pa
     assert err.startswith(f"error: {trees}: line 1") and err.count("\n") == 1
     trees.write_bytes(b"(1 caf\xe9)\n")
     assert main(["run", str(EXAMPLES / "treernn.cell"), "--trees", str(trees)]) == 1
-    assert capsys.readouterr().err == f"error: {trees}: not UTF-8 text (byte 0xe9)\n"
+    assert capsys.readouterr().err == f"error: {trees}: line 1 is not UTF-8 text (byte 0xe9 at offset 6)\n"
 
 
 def test_out_naming_a_file_says_so(tmp_path, capsys):

@@ -676,6 +676,34 @@ def test_ptb_bytes_that_are_not_utf8_are_a_forest_error():
         Forest.from_ptb([b"(1 a)", b"(1 \xff)"])
 
 
+def test_a_ptb_file_s_errors_name_the_file_its_line_and_column(tmp_path):
+    """A damaged treebank file: a bracket error or a byte that is not UTF-8 is a ForestError that names the
+    file, then the line (counted as text mode counts lines: LF, CRLF or CR) and the column or byte."""
+    path = tmp_path / "trees.txt"
+    path.write_bytes(b"(1 (2 a) (3 b))\r\n(1 a)\r(4 (2 x\n")
+    with pytest.raises(ForestError) as info:
+        Forest.from_ptb_file(path)
+    assert str(info.value).startswith(f"{path}: line 3, column 7: unbalanced brackets")  # the line's end
+    path.write_bytes(b"(1 a)\r(1 b)\r\n(2 caf\xe9)\n")
+    with pytest.raises(ForestError) as info:
+        Forest.from_ptb_file(path)
+    assert str(info.value) == f"{path}: line 3 is not UTF-8 text (byte 0xe9 at offset 6)"
+    with pytest.raises(FileNotFoundError):  # Python's own error, which names the path
+        Forest.from_ptb_file(tmp_path / "missing.txt")
+
+
+def test_a_ptb_file_s_first_lines(tmp_path):
+    path = tmp_path / "trees.txt"
+    path.write_text("(1 (2 a) (3 b))\n(4 c)\n(1 (2 d\n", encoding="utf-8")
+    assert Forest.from_ptb_file(path, limit=2).num_trees == 2  # the bad third line is not read
+    assert (
+        Forest.from_ptb_file(path, limit=2).parents.tolist()
+        == Forest.from_ptb(["(1 (2 a) (3 b))", "(4 c)"]).parents.tolist()
+    )
+    with pytest.raises(ForestError, match="line 3"):
+        Forest.from_ptb_file(path)
+
+
 @pytest.mark.parametrize("blank", ["", "   ", "\t", " \t \r", "\f"])
 def test_ptb_blank_lines_are_skipped_whatever_their_whitespace(blank):
     forest = Forest.from_ptb(["(1 (2 a) (3 b))", blank, "(4 c)"])
