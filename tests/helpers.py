@@ -18,10 +18,26 @@ EXAMPLES = REPO / "examples"
 SST_DIR = Path(os.environ.get("CORTEXC_SST_DIR", REPO.parent / "shared" / "data" / "sst"))
 #: every example cell file by a name unique among them: examples/*.cell by its stem, the SST table's
 #: examples/sst/*.cell as sst/<stem> (the SST table's models: 3-D params, two-cell files, dropout)
-EXAMPLE_CELLS = {
+EXAMPLES_BY_NAME = {
     path.relative_to(EXAMPLES).with_suffix("").as_posix(): path
     for path in sorted(EXAMPLES.glob("*.cell")) + sorted(EXAMPLES.glob("sst/*.cell"))
 }
+
+
+def declared_dims(path: Path, dims: dict[str, int]) -> dict[str, int]:
+    """Those of `dims` that the cell file declares (the first cell's `dim`s): one set of small dims serves
+    every example, whichever dims it has."""
+    from cortexc import compile_file
+
+    declared = dict(compile_file(path)[0].dims)
+    return {name: value for name, value in dims.items() if name in declared}
+
+
+def load_example(path: Path, dims: dict[str, int], out_dir: Path | None = None):
+    """The example's package at those of `dims` it declares (`declared_dims`)."""
+    import cortexc
+
+    return cortexc.load(path, out_dir=out_dir, **declared_dims(path, dims))
 
 
 def sst_path(split: str) -> Path:

@@ -10,7 +10,6 @@ value a result is computed from as a nested expression, e.g.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
@@ -18,9 +17,8 @@ from cortexc.errors import CellTypeError
 from cortexc.frontend import lower_source, parse
 from cortexc.ir.cell import Body, Cell, Init, InitKind, Structure
 from cortexc.ir.verify import verify_cell
-from tests.helpers import EXAMPLE_CELLS
+from tests.helpers import EXAMPLES, EXAMPLES_BY_NAME
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.cell"))
 
 
@@ -75,7 +73,7 @@ def test_there_are_examples():
     }
 
 
-@pytest.mark.parametrize("path", list(EXAMPLE_CELLS.values()), ids=list(EXAMPLE_CELLS))
+@pytest.mark.parametrize("path", list(EXAMPLES_BY_NAME.values()), ids=list(EXAMPLES_BY_NAME))
 def test_example_parses_and_lowers(path):
     source = path.read_text()
     module = parse(source, str(path))

@@ -27,7 +27,16 @@ from cortexc.errors import CellTypeError, InputError
 from cortexc.ir.ops import OPS, Op
 from cortexc.runtime import philox
 from cortexc.runtime.philox import Dropout, keep_mask, philox4x32
-from tests.helpers import EXAMPLE_CELLS, EXAMPLES, REPO, random_inputs, relative_error, small_forest, sst_path
+from tests.helpers import (
+    EXAMPLES,
+    EXAMPLES_BY_NAME,
+    REPO,
+    load_example,
+    random_inputs,
+    relative_error,
+    small_forest,
+    sst_path,
+)
 
 #: Random123's kat_vectors for philox4x32_10: counter, key, the four output words
 KAT = [
@@ -533,7 +542,7 @@ def test_hoisted_and_per_child_dropout_on_cpu_and_every_cuda_launch(structure, r
 
 
 #: the example files that drop in training (the SST table trains three of them: rnn, rntn, bitreelstm)
-DROPOUT_EXAMPLES = [name for name, path in EXAMPLE_CELLS.items() if "dropout(" in path.read_text(encoding="utf-8")]
+DROPOUT_EXAMPLES = [name for name, path in EXAMPLES_BY_NAME.items() if "dropout(" in path.read_text(encoding="utf-8")]
 
 
 @pytest.mark.slow
@@ -541,10 +550,7 @@ DROPOUT_EXAMPLES = [name for name, path in EXAMPLE_CELLS.items() if "dropout(" i
 def test_every_example_with_dropout_trains_alike_on_cpu_and_cuda_emu(name, rng, tmp_path):
     """Each cell of the file in training mode, one dropout seed: compiled C and emulated CUDA against the
     interpreter, forward and backward (the masks are the contract's on every device); and the masks act."""
-    path = EXAMPLE_CELLS[name]
-    declared = dict(cortexc.compile_file(path)[0].dims)
-    small = {"X": 9, "H": 7, "V": 20, "C": 3}
-    module = cortexc.load(path, out_dir=tmp_path / "pkg", **{k: v for k, v in small.items() if k in declared})
+    module = load_example(EXAMPLES_BY_NAME[name], {"X": 9, "H": 7, "V": 20, "C": 3}, tmp_path / "pkg")
     acted = []  # per cell: training's outputs differ from evaluation's (a two-cell file may drop in one only)
     for cell in module.__all__:
         cls = getattr(module, cell)

@@ -15,11 +15,11 @@ from cortexc.pipeline import Source, run_stages, write_package
 from cortexc.runtime.loader import import_package
 from cortexc.runtime.model import load_package
 from cortexc.runtime.package import FORMAT_VERSION, PackageSpec
-from tests.helpers import EXAMPLE_CELLS, EXAMPLES, random_inputs, small_forest
+from tests.helpers import EXAMPLES, EXAMPLES_BY_NAME, random_inputs, small_forest
 from tests.helpers import digest as _digest
 
 
-@pytest.mark.parametrize("path", list(EXAMPLE_CELLS.values()), ids=list(EXAMPLE_CELLS))
+@pytest.mark.parametrize("path", list(EXAMPLES_BY_NAME.values()), ids=list(EXAMPLES_BY_NAME))
 def test_cell_json_reads_back_to_what_was_written(path, tmp_path):
     """Every example's `cell.json` parses into the dataclasses and writes back to the same JSON; each
     target's section holds its own program's packed weights, deferred terms, folds and saved arrays."""

@@ -7,7 +7,7 @@ import pytest
 
 import cortexc
 from cortexc import Forest
-from tests.helpers import EXAMPLES, random_inputs, small_forest
+from tests.helpers import EXAMPLES, load_example, random_inputs, small_forest
 
 DIMS = {"X": 9, "H": 7, "V": 20, "C": 3}
 
@@ -15,10 +15,7 @@ DIMS = {"X": 9, "H": 7, "V": 20, "C": 3}
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.cell")), ids=lambda p: p.stem)
 def test_compiled_gradients_match_the_interpreter(path, rng, tmp_path_factory, monkeypatch):
     monkeypatch.setenv("CORTEXC_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
-    declared = dict(cortexc.compile_file(path)[0].dims)
-    module = cortexc.load(
-        path, out_dir=tmp_path_factory.mktemp("pkg"), **{k: v for k, v in DIMS.items() if k in declared}
-    )
+    module = load_example(path, DIMS, tmp_path_factory.mktemp("pkg"))
     cls = getattr(module, module.__all__[0])
     compiled, reference = cls(device="cpu", seed=3), cls(device="interp", seed=3)
     params = {k: v + 0.1 * rng.standard_normal(v.shape).astype(np.float32) for k, v in compiled.params.items()}

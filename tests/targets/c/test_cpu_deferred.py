@@ -16,7 +16,7 @@ from cortexc.ir.program import AccumOuter, AccumSum
 from cortexc.options import CompileOptions
 from cortexc.pipeline import Source, run_stages
 from cortexc.targets.c.target import DEFER_MIN_WIDTH_C
-from tests.helpers import EXAMPLES, random_inputs, relative_error, twin_models
+from tests.helpers import EXAMPLES, declared_dims, random_inputs, relative_error, twin_models
 
 
 def _c_source(path, cell=0, **dims):
@@ -47,11 +47,6 @@ def _function(text: str, name: str) -> str:
 LARGE = {"X": 200, "H": 200, "C": 200}
 
 
-def _declared(path, dims):
-    declared = dict(cortexc.compile_file(path)[0].dims)
-    return {k: v for k, v in dims.items() if k in declared}
-
-
 @pytest.mark.parametrize("large", [True, False], ids=["large", "declared"])
 @pytest.mark.parametrize(("path", "cell"), EXAMPLE_CELLS, ids=[f"{p.stem}-{i}" for p, i in EXAMPLE_CELLS])
 def test_the_cpu_backward_keeps_factor_rows_instead_of_accumulating(path, cell, large):
@@ -59,7 +54,7 @@ def test_the_cpu_backward_keeps_factor_rows_instead_of_accumulating(path, cell, 
     phase reads them; a small one (below DEFER_MIN_WIDTH_C) is narrow: its kernel both keeps its rows and
     adds it per tile (by the launch's `stage->narrow`), and the deferred phase reads the rows of the
     launches that kept them; the chunk accumulators hold only what may be summed per tile."""
-    program, text = _c_source(path, cell, **(_declared(path, LARGE) if large else {}))
+    program, text = _c_source(path, cell, **(declared_dims(path, LARGE) if large else {}))
     terms = program.deferred or ()
     deferred = {(t.kernel, t.step): index for index, t in enumerate(terms)}
     phase = _function(text, "cx_deferred_phase") if deferred else ""

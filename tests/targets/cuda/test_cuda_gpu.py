@@ -30,7 +30,7 @@ import pytest
 import cortexc
 from cortexc import Forest
 from cortexc.runtime.vocab import Vocab
-from tests.helpers import EXAMPLE_CELLS, EXAMPLES, REPO, random_inputs
+from tests.helpers import EXAMPLES, EXAMPLES_BY_NAME, REPO, load_example, random_inputs
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 
@@ -94,15 +94,14 @@ def packages():
     """Every example compiled once per dims set (into $CORTEXC_CACHE, shared with the benchmark)."""
     built = {}
     for size, dims in DIMS.items():
-        for name, path in EXAMPLE_CELLS.items():
-            declared = dict(cortexc.compile_file(path)[0].dims)
-            built[size, name] = cortexc.load(path, **{k: v for k, v in dims.items() if k in declared})
+        for name, path in EXAMPLES_BY_NAME.items():
+            built[size, name] = load_example(path, dims)
     return built
 
 
 @pytest.mark.parametrize("mode", ["split", "persistent", "levels"])
 @pytest.mark.parametrize("size", list(DIMS))
-@pytest.mark.parametrize("name", list(EXAMPLE_CELLS))
+@pytest.mark.parametrize("name", list(EXAMPLES_BY_NAME))
 def test_cuda_matches_the_interpreter(packages, name, size, mode, rng, monkeypatch):
     """Every launch mode (CORTEXC_CUDA_MODE): split levels by columns with weights in shared memory (the
     default), the persistent kernel by row tiles only, one grid per level; every cell of the file."""

@@ -15,7 +15,7 @@ import cortexc
 from cortexc import Forest
 from cortexc.passes.columns import split_columns, why_not
 from cortexc.passes.schedule import schedule
-from tests.helpers import EXAMPLES, random_inputs, relative_error, small_forest, twin_models
+from tests.helpers import EXAMPLES, load_example, random_inputs, relative_error, small_forest, twin_models
 
 INVENTED = {
     # a second GEMM on the first one's result: a node would need every block's columns
@@ -162,10 +162,7 @@ def split_packages(tmp_path_factory):
     built = {}
     dims = {"X": 9, "H": 7, "V": 20, "C": 3}
     for name in ("binary_treelstm", "treelstm", "lstm", "dagrnn", "treernn", "mvrnn"):
-        declared = dict(cortexc.compile_file(EXAMPLES / f"{name}.cell")[0].dims)
-        built[name] = cortexc.load(
-            EXAMPLES / f"{name}.cell", out_dir=out, **{k: v for k, v in dims.items() if k in declared}
-        )
+        built[name] = load_example(EXAMPLES / f"{name}.cell", dims, out)
     for name in ("quarter", "gated_max"):
         path = out / f"{name}.cell"
         path.write_text(INVENTED[name])

@@ -16,9 +16,10 @@ from cortexc import Forest
 from cortexc.errors import CortexcError
 from cortexc.runtime.topdown import linearize_for
 from tests.helpers import (
-    EXAMPLE_CELLS,
     EXAMPLES,
+    EXAMPLES_BY_NAME,
     compare_backward,
+    load_example,
     nvcc_compile,
     random_inputs,
     relative_error,
@@ -34,15 +35,13 @@ def packages(tmp_path_factory):
     """Every example compiled once for both targets (small dims, so emulation stays quick)."""
     out = tmp_path_factory.mktemp("packages")
     built = {}
-    for name, path in EXAMPLE_CELLS.items():
-        declared = dict(cortexc.compile_file(path)[0].dims)
-        dims = {k: v for k, v in DIMS.items() if k in declared}
-        built[name] = cortexc.load(path, out_dir=out / name.replace("/", "_"), **dims)
+    for name, path in EXAMPLES_BY_NAME.items():
+        built[name] = load_example(path, DIMS, out / name.replace("/", "_"))
     return built
 
 
 @pytest.mark.parametrize("mode", ["persistent", "levels"])
-@pytest.mark.parametrize("name", list(EXAMPLE_CELLS))
+@pytest.mark.parametrize("name", list(EXAMPLES_BY_NAME))
 def test_emulated_cuda_matches_the_interpreter(packages, name, mode, rng, monkeypatch):
     """Both launch modes: the persistent kernel (all levels in one cooperative launch, grid barriers
     between levels) and one grid per level; every cell of the file (a two-cell file's down cell too)."""
